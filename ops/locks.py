@@ -1,0 +1,182 @@
+"""One operation per cluster: a lock record in the store, held under a lease that its holder renews.
+
+The lock doubles as the marker of an unfinished operation: it is released only when the operation
+ends (or is abandoned). A holder that dies stops renewing; once its lease has expired, `take_over`
+lets a resume continue the same operation. A lock is never deleted (no conditional deletes on GCS):
+releasing it writes a released record by compare-and-set.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from datetime import UTC, datetime, timedelta
+
+from pydantic import BaseModel
+
+from ops.errors import Refused
+from ops.store import Conflict, Store, dump, read_model
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class LockRecord(BaseModel):
+    cluster: str
+    op_id: str
+    kind: str
+    owner: str
+    host: str
+    pid: int
+    acquired_at: datetime
+    heartbeat_at: datetime
+    lease_s: float
+    released: bool = False
+
+    def expired(self, at: datetime | None = None) -> bool:
+        return (at or now()) > self.heartbeat_at + timedelta(seconds=self.lease_s)
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.op_id} by {self.owner} since {self.acquired_at:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _key(cluster: str) -> str:
+    return f"locks/{cluster}.json"
+
+
+def current_lock(store: Store, cluster: str) -> LockRecord | None:
+    """The lock held on `cluster` (expired or not), or None when it is free."""
+    got = read_model(store, _key(cluster), LockRecord)
+    return None if got is None or got[0].released else got[0]
+
+
+class Lease:
+    """A held lock. `renew()` extends it; a background thread does so while an operation runs."""
+
+    def __init__(self, store: Store, record: LockRecord, version: str) -> None:
+        self._store = store
+        self.record = record
+        self._version = version
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost = False
+
+    def _write(self, record: LockRecord) -> None:
+        try:
+            self._version = self._store.replace(_key(record.cluster), dump(record), self._version)
+        except Conflict:
+            self.lost = True
+            raise Refused(
+                f"lost the lock on {record.cluster}: another process took over operation {record.op_id}"
+            ) from None
+        self.record = record
+
+    def renew(self) -> None:
+        self._write(self.record.model_copy(update={"heartbeat_at": now()}))
+
+    def release(self) -> None:
+        self.stop_renewing()
+        if not self.lost:
+            self._write(self.record.model_copy(update={"released": True, "heartbeat_at": now()}))
+
+    def start_renewing(self) -> None:
+        """Renew every third of the lease in a daemon thread until `release()` or `stop_renewing()`."""
+
+        def loop() -> None:
+            while not self._stop.wait(self.record.lease_s / 3):
+                try:
+                    self.renew()
+                except Refused:
+                    return
+                except Exception:  # a store hiccup: try again next beat
+                    continue
+
+        self._thread = threading.Thread(target=loop, name=f"lease-{self.record.cluster}", daemon=True)
+        self._thread.start()
+
+    def stop_renewing(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+
+def acquire(store: Store, cluster: str, op_id: str, kind: str, owner: str, lease_s: float) -> Lease:
+    """Take the free lock on `cluster` for a new operation; Refused says who holds it and since when."""
+    t = now()
+    record = LockRecord(
+        cluster=cluster,
+        op_id=op_id,
+        kind=kind,
+        owner=owner,
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        acquired_at=t,
+        heartbeat_at=t,
+        lease_s=lease_s,
+    )
+    got = read_model(store, _key(cluster), LockRecord)
+    try:
+        if got is None:
+            version = store.create(_key(cluster), dump(record))
+        elif got[0].released:
+            version = store.replace(_key(cluster), dump(record), got[1])
+        else:
+            raise Refused(_held_message(got[0]), _held_hint(got[0]))
+    except Conflict:
+        held = current_lock(store, cluster)
+        raise Refused(
+            _held_message(held) if held else f"{cluster} was locked at the same moment by someone else"
+        ) from None
+    return Lease(store, record, version)
+
+
+def take_over(store: Store, cluster: str, op_id: str, owner: str, lease_s: float) -> Lease:
+    """Continue operation `op_id` whose holder stopped renewing; refused while its lease is alive."""
+    got = read_model(store, _key(cluster), LockRecord)
+    if got is None or got[0].released or got[0].op_id != op_id:
+        raise Refused(f"operation {op_id} does not hold the lock on {cluster}")
+    old, version = got
+    if not old.expired():
+        left = (old.heartbeat_at + timedelta(seconds=old.lease_s) - now()).total_seconds()
+        raise Refused(
+            f"{_held_message(old)} is still alive (pid {old.pid} on {old.host})",
+            f"its lease expires in {max(left, 0):.0f}s if it has died; resume after that",
+        )
+    record = old.model_copy(
+        update={
+            "owner": owner,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "heartbeat_at": now(),
+            "lease_s": lease_s,
+        }
+    )
+    try:
+        version = store.replace(_key(cluster), dump(record), version)
+    except Conflict:
+        raise Refused(f"someone else resumed {op_id} at the same moment") from None
+    return Lease(store, record, version)
+
+
+def force_unlock(store: Store, cluster: str) -> LockRecord | None:
+    """Admin way out: release whatever holds `cluster`. Returns what was released."""
+    got = read_model(store, _key(cluster), LockRecord)
+    if got is None or got[0].released:
+        return None
+    store.replace(_key(cluster), dump(got[0].model_copy(update={"released": True})), got[1])
+    return got[0]
+
+
+def _held_message(rec: LockRecord) -> str:
+    return f"{rec.cluster} is locked by {rec.describe()}"
+
+
+def _held_hint(rec: LockRecord) -> str:
+    if rec.kind == "restart" and rec.expired():
+        return (
+            f"its process stopped renewing the lease: `python -m ops restart --cluster {rec.cluster} "
+            f"--resume` continues it, `--abandon` gives it up"
+        )
+    return "wait for it to finish"

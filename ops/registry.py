@@ -1,0 +1,173 @@
+"""The cluster registry: `infra/clusters.yaml`, validated by pydantic, the one place cluster facts live."""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ops.errors import BadInput
+from ops.tpu_types import GENERATIONS, TpuType, parse_tpu_type
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REGISTRY = REPO_ROOT / "infra" / "clusters.yaml"
+
+
+def clusterbot_home() -> Path:
+    """Where this machine keeps clusterbot's own state (the local cluster, the default store)."""
+    return Path(os.environ.get("CLUSTERBOT_HOME", "~/.clusterbot")).expanduser()
+
+
+def _expand(path: str) -> str:
+    os.environ.setdefault("CLUSTERBOT_HOME", str(clusterbot_home()))
+    return os.path.expanduser(os.path.expandvars(path))
+
+
+class TokenSource(BaseModel):
+    """Where this machine reads a cluster's Ray auth token: an env var or a file (never the registry)."""
+
+    model_config = ConfigDict(extra="forbid")
+    env: str | None = None
+    file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TokenSource:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of 'env' or 'file'")
+        return self
+
+    def read(self) -> str | None:
+        """The token, or None when it is not available on this machine."""
+        if self.env is not None:
+            return os.environ.get(self.env) or None
+        path = Path(_expand(self.file or ""))
+        return path.read_text().strip() or None if path.is_file() else None
+
+
+class LocalPorts(BaseModel):
+    """Ports of the local cluster's head; every head on one machine needs its own (FINDINGS)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gcs: int = 6379
+    dashboard: int = 8265
+    dashboard_agent_listen: int = 52365
+    dashboard_agent_grpc: int = 52366
+    metrics_export: int = 52367
+    runtime_env_agent: int = 52368
+    ray_client_server: int = 10001
+    min_worker: int = 20000
+    max_worker: int = 20999
+
+
+class Cluster(BaseModel):
+    """One shared Ray cluster. `name` is what people type; `ray_cluster_name` must never change."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    ray_cluster_name: str
+    driver: Literal["gcp", "local"] = "gcp"
+    project: str
+    region: str
+    zone: str
+    bucket: str | None = None
+    tpu_generation: Literal[GENERATIONS]  # type: ignore[valid-type]
+    worker_tpu_type: str
+    min_workers: int = Field(ge=0)
+    max_workers: int = Field(ge=0)
+    head_machine_type: str
+    token_secret: str | None = None
+    dashboard_url: str
+    token: TokenSource | None = None
+    protected: bool = False
+    image_tag: str = "latest"
+    local_ports: LocalPorts | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Cluster:
+        tpu = parse_tpu_type(self.worker_tpu_type)
+        if tpu.generation != self.tpu_generation:
+            raise ValueError(
+                f"worker_tpu_type {self.worker_tpu_type} is {tpu.generation}, "
+                f"but tpu_generation is {self.tpu_generation}"
+            )
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers {self.min_workers} exceeds max_workers {self.max_workers}")
+        if not self.zone.startswith(self.region) and self.driver == "gcp":
+            raise ValueError(f"zone {self.zone} is not in region {self.region}")
+        if self.driver == "local" and self.local_ports is None:
+            self.local_ports = LocalPorts()
+        return self
+
+    @cached_property
+    def worker_tpu(self) -> TpuType:
+        return parse_tpu_type(self.worker_tpu_type)
+
+    @property
+    def gcs_address(self) -> str | None:
+        """The GCS address when this machine can reach it (only the local cluster for now)."""
+        return f"127.0.0.1:{self.local_ports.gcs}" if self.local_ports else None
+
+    def read_token(self) -> str | None:
+        return self.token.read() if self.token else None
+
+
+class Registry(BaseModel):
+    """All clusters, keyed by short name, plus the image they run."""
+
+    model_config = ConfigDict(extra="forbid")
+    image_repository: str
+    image_name: str
+    clusters: dict[str, Cluster]
+
+    def get(self, name: str) -> Cluster:
+        """The cluster called `name`; BadInput lists the valid names otherwise."""
+        try:
+            return self.clusters[name]
+        except KeyError:
+            raise BadInput(
+                f"unknown cluster {name!r}", f"valid clusters: {', '.join(self.clusters)}"
+            ) from None
+
+    def image(self, cluster: Cluster) -> str:
+        """The cluster image in the cluster's regional Artifact Registry, without tag."""
+        return f"{cluster.region}-docker.pkg.dev/{cluster.project}/{self.image_repository}/{self.image_name}"
+
+
+def registry_path() -> Path:
+    return Path(os.environ.get("CLUSTERBOT_REGISTRY", DEFAULT_REGISTRY))
+
+
+def load_registry(path: Path | None = None) -> Registry:
+    """Read and validate the registry; a malformed one is one BadInput naming file, cluster and field."""
+    path = path or registry_path()
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise BadInput(f"cannot read the cluster registry {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise BadInput(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("clusters"), dict):
+        raise BadInput(f"{path}: expected a mapping with a 'clusters' mapping")
+    defaults = raw.pop("defaults", None) or {}
+    clusters = {}
+    for name, fields in raw["clusters"].items():
+        if not isinstance(fields, dict):
+            raise BadInput(f"{path}: cluster {name!r}: expected a mapping of fields")
+        clusters[name] = {**defaults, **fields, "name": name}
+    raw["clusters"] = clusters
+    try:
+        return Registry.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [str(x) for x in err["loc"]]
+        if len(loc) >= 2 and loc[0] == "clusters":
+            where = f"cluster {loc[1]!r}" + (f", field {'.'.join(loc[2:])!r}" if loc[2:] else "")
+        else:
+            where = f"field {'.'.join(loc)!r}"
+        msg = err["msg"].removeprefix("Value error, ")
+        more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+        raise BadInput(f"{path}: {where}: {msg}{more}") from None
