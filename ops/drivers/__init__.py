@@ -1,0 +1,37 @@
+"""Start and stop a whole cluster. One driver per kind of cluster, chosen by the registry's `driver`.
+
+Drivers know how to bring a cluster's Ray up and down; they know nothing of jobs (the restart backs
+them up first) nor of chat.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ops.registry import Cluster
+
+
+class Driver(Protocol):
+    cluster: Cluster
+
+    def start(self) -> str:
+        """Bring the cluster up (idempotent); return a one-line description (where the dashboard is)."""
+        ...
+
+    def stop(self) -> str:
+        """Bring the cluster down (idempotent); return a one-line description of what was stopped."""
+        ...
+
+    def is_up(self) -> bool:
+        """Whether the cluster's head is running, as far as this driver can tell."""
+        ...
+
+
+def driver_for(cluster: Cluster) -> Driver:
+    if cluster.driver == "local":
+        from ops.drivers.local import LocalDriver
+
+        return LocalDriver(cluster)
+    from ops.drivers.gcp import GcpDriver
+
+    return GcpDriver(cluster)
