@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ops.errors import BadInput
 from ops.tpu_types import GENERATIONS, TpuType, parse_tpu_type
@@ -86,18 +94,37 @@ class Cluster(BaseModel):
     image_tag: str = "latest"
     local_ports: LocalPorts | None = None
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Cluster:
-        tpu = parse_tpu_type(self.worker_tpu_type)
-        if tpu.generation != self.tpu_generation:
+    # Cross-field checks are field validators (fields validate in declaration order, and `info.data`
+    # holds the earlier ones that passed), so an error's location names the offending field.
+    @field_validator("zone")
+    @classmethod
+    def _zone_in_region(cls, zone: str, info: ValidationInfo) -> str:
+        region = info.data.get("region")
+        if info.data.get("driver") == "gcp" and region is not None and not zone.startswith(f"{region}-"):
+            raise ValueError(f"zone {zone} is not in region {region}")
+        return zone
+
+    @field_validator("worker_tpu_type")
+    @classmethod
+    def _tpu_type_of_generation(cls, worker_tpu_type: str, info: ValidationInfo) -> str:
+        tpu = parse_tpu_type(worker_tpu_type)
+        generation = info.data.get("tpu_generation")
+        if generation is not None and tpu.generation != generation:
             raise ValueError(
-                f"worker_tpu_type {self.worker_tpu_type} is {tpu.generation}, "
-                f"but tpu_generation is {self.tpu_generation}"
+                f"worker_tpu_type {worker_tpu_type} is {tpu.generation}, but tpu_generation is {generation}"
             )
-        if self.min_workers > self.max_workers:
-            raise ValueError(f"min_workers {self.min_workers} exceeds max_workers {self.max_workers}")
-        if not self.zone.startswith(self.region) and self.driver == "gcp":
-            raise ValueError(f"zone {self.zone} is not in region {self.region}")
+        return worker_tpu_type
+
+    @field_validator("max_workers")
+    @classmethod
+    def _min_not_above_max(cls, max_workers: int, info: ValidationInfo) -> int:
+        min_workers = info.data.get("min_workers")
+        if min_workers is not None and min_workers > max_workers:
+            raise ValueError(f"min_workers {min_workers} exceeds max_workers {max_workers}")
+        return max_workers
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Cluster:
         if self.driver == "local" and self.local_ports is None:
             self.local_ports = LocalPorts()
         return self
@@ -123,6 +150,19 @@ class Registry(BaseModel):
     image_name: str
     clusters: dict[str, Cluster]
 
+    @model_validator(mode="after")
+    def _distinct_ray_names(self) -> Registry:
+        # Ray finds a cluster's VMs by this name: two entries sharing it would manage the same VMs.
+        seen: dict[str, str] = {}
+        for name, cluster in self.clusters.items():
+            if cluster.ray_cluster_name in seen:
+                raise ValueError(
+                    f"cluster {name!r}, field 'ray_cluster_name': {cluster.ray_cluster_name} "
+                    f"is already cluster {seen[cluster.ray_cluster_name]!r}'s"
+                )
+            seen[cluster.ray_cluster_name] = name
+        return self
+
     def get(self, name: str) -> Cluster:
         """The cluster called `name`; BadInput lists the valid names otherwise."""
         try:
@@ -141,11 +181,30 @@ def registry_path() -> Path:
     return Path(os.environ.get("CLUSTERBOT_REGISTRY", DEFAULT_REGISTRY))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, except that a key given twice in one mapping is an error, not "the last one wins"
+    (a copied cluster block whose name was not changed would silently replace the original)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        keys = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in keys:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    f"found duplicate key {key!r}",
+                    key_node.start_mark,
+                )
+            keys.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_registry(path: Path | None = None) -> Registry:
     """Read and validate the registry; a malformed one is one BadInput naming file, cluster and field."""
     path = path or registry_path()
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader
     except OSError as e:
         raise BadInput(f"cannot read the cluster registry {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
@@ -153,6 +212,8 @@ def load_registry(path: Path | None = None) -> Registry:
     if not isinstance(raw, dict) or not isinstance(raw.get("clusters"), dict):
         raise BadInput(f"{path}: expected a mapping with a 'clusters' mapping")
     defaults = raw.pop("defaults", None) or {}
+    if not isinstance(defaults, dict):
+        raise BadInput(f"{path}: 'defaults' must be a mapping of cluster fields")
     clusters = {}
     for name, fields in raw["clusters"].items():
         if not isinstance(fields, dict):
@@ -166,8 +227,10 @@ def load_registry(path: Path | None = None) -> Registry:
         loc = [str(x) for x in err["loc"]]
         if len(loc) >= 2 and loc[0] == "clusters":
             where = f"cluster {loc[1]!r}" + (f", field {'.'.join(loc[2:])!r}" if loc[2:] else "")
-        else:
+        elif loc:
             where = f"field {'.'.join(loc)!r}"
+        else:  # a check across clusters: its message says where
+            where = ""
         msg = err["msg"].removeprefix("Value error, ")
         more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-        raise BadInput(f"{path}: {where}: {msg}{more}") from None
+        raise BadInput(f"{path}: {where + ': ' if where else ''}{msg}{more}") from None
