@@ -53,7 +53,10 @@ def current_lock(store: Store, cluster: str) -> LockRecord | None:
 
 
 class Lease:
-    """A held lock. `renew()` extends it; a background thread does so while an operation runs."""
+    """A held lock. `renew()` extends it; a background thread does so while an operation runs.
+
+    Writes are serialized by a mutex, so the renewing thread and `release()` never race each other on
+    the version (which would look like a lost lock) and no renewal lands after the release."""
 
     def __init__(self, store: Store, record: LockRecord, version: str) -> None:
         self._store = store
@@ -61,28 +64,41 @@ class Lease:
         self._version = version
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._mutex = threading.Lock()
         self.lost = False
 
-    def _write(self, record: LockRecord) -> None:
-        try:
-            self._version = self._store.replace(_key(record.cluster), dump(record), self._version)
-        except Conflict:
-            self.lost = True
-            raise Refused(
-                f"lost the lock on {record.cluster}: another process took over operation {record.op_id}"
-            ) from None
-        self.record = record
+    def _write(self, **update: object) -> None:
+        with self._mutex:
+            if self.lost:
+                raise Refused(f"lost the lock on {self.record.cluster}")
+            if self.record.released:
+                raise Refused(f"the lock on {self.record.cluster} was already released")
+            record = self.record.model_copy(update={**update, "heartbeat_at": now()})
+            try:
+                self._version = self._store.replace(_key(record.cluster), dump(record), self._version)
+            except Conflict:
+                self.lost = True
+                raise Refused(
+                    f"lost the lock on {record.cluster}: another process took over operation "
+                    f"{record.op_id} or it was force-unlocked"
+                ) from None
+            self.record = record
 
     def renew(self) -> None:
-        self._write(self.record.model_copy(update={"heartbeat_at": now()}))
+        self._write()
 
     def release(self) -> None:
         self.stop_renewing()
-        if not self.lost:
-            self._write(self.record.model_copy(update={"released": True, "heartbeat_at": now()}))
+        with self._mutex:
+            if self.lost or self.record.released:
+                return
+        self._write(released=True)
 
     def start_renewing(self) -> None:
         """Renew every third of the lease in a daemon thread until `release()` or `stop_renewing()`."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
 
         def loop() -> None:
             while not self._stop.wait(self.record.lease_s / 3):
@@ -160,13 +176,27 @@ def take_over(store: Store, cluster: str, op_id: str, owner: str, lease_s: float
     return Lease(store, record, version)
 
 
+_FORCE_TRIES = 20
+
+
 def force_unlock(store: Store, cluster: str) -> LockRecord | None:
-    """Admin way out: release whatever holds `cluster`. Returns what was released."""
-    got = read_model(store, _key(cluster), LockRecord)
-    if got is None or got[0].released:
-        return None
-    store.replace(_key(cluster), dump(got[0].model_copy(update={"released": True})), got[1])
-    return got[0]
+    """Admin way out: release whatever holds `cluster`. Returns what was released.
+
+    A live holder may renew between our read and our write: read again and retry (a bounded number of
+    times) instead of failing with the store's Conflict."""
+    for _ in range(_FORCE_TRIES):
+        got = read_model(store, _key(cluster), LockRecord)
+        if got is None or got[0].released:
+            return None
+        try:
+            store.replace(_key(cluster), dump(got[0].model_copy(update={"released": True})), got[1])
+        except Conflict:
+            continue
+        return got[0]
+    raise Refused(
+        f"could not force-unlock {cluster}: its lock changed on each of {_FORCE_TRIES} tries",
+        "try again",
+    )
 
 
 def _held_message(rec: LockRecord) -> str:

@@ -47,7 +47,11 @@ class Store(Protocol):
 
 class LocalStore:
     """A directory. Create is `link()` of a complete temp file (atomic, fails if present); compare-and-set
-    holds an flock on a side file while it compares the content hash and renames a temp file in."""
+    holds an flock on a side file while it compares the content hash and renames a temp file in; `put`
+    takes the same flock so that it cannot land between a compare-and-set's compare and its rename.
+
+    Versions are content hashes, so compare-and-set compares values: writing the bytes already there
+    leaves the version unchanged (GCS would give a new generation)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -72,6 +76,21 @@ class LocalStore:
             os.fsync(f.fileno())
         return tmp
 
+    @staticmethod
+    def _sync_dir(path: Path) -> None:
+        """Make a link or rename in `path`'s directory durable."""
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _locked(self, path: Path):  # noqa: ANN202 - an open file holding an exclusive flock
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lockf = open(path.with_name(f".{path.name}.lock"), "a")
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+        return lockf
+
     def read(self, key: str) -> Versioned | None:
         try:
             data = self._path(key).read_bytes()
@@ -88,32 +107,41 @@ class LocalStore:
             raise Conflict(key) from None
         finally:
             tmp.unlink()
+        self._sync_dir(path)
         return self._version(data)
 
     def replace(self, key: str, data: bytes, version: str) -> str:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(f".{path.name}.lock"), "a") as lockf:
-            fcntl.flock(lockf, fcntl.LOCK_EX)
+        with self._locked(path):
             current = self.read(key)
             if current is None or current.version != version:
                 raise Conflict(key)
             os.replace(self._temp(path, data), path)
+        self._sync_dir(path)
         return self._version(data)
 
     def put(self, key: str, data: bytes) -> str:
         path = self._path(key)
-        os.replace(self._temp(path, data), path)
+        with self._locked(path):
+            os.replace(self._temp(path, data), path)
+        self._sync_dir(path)
         return self._version(data)
 
     def list(self, prefix: str) -> list[str]:
-        base = self._path(prefix.rstrip("/")) if prefix else self.root
+        """Keys starting with `prefix` as a string (like a GCS prefix: "a/b" matches "a/bc/d")."""
+        if prefix and not prefix.endswith("/"):
+            head, _, _ = prefix.rpartition("/")
+        else:
+            head = prefix.rstrip("/")
+        base = self._path(head) if head else self.root
         if not base.is_dir():
             return []
         return sorted(
-            str(p.relative_to(self.root))
+            key
             for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".")
+            if not p.name.startswith(".")
+            and p.is_file()
+            and (key := p.relative_to(self.root).as_posix()).startswith(prefix)
         )
 
 
@@ -149,15 +177,26 @@ class GcsStore:
         return Versioned(data, str(blob.generation))
 
     def _upload(self, key: str, data: bytes, generation: int | None) -> str:
+        from google.api_core.exceptions import NotFound
+
         blob = self._blob(key)
+        # Each write carries a unique token: a retried conditional upload whose first try landed (but
+        # whose reply was lost) comes back 412, and only the token tells our write from someone else's
+        # (comparing bytes would let two creates or two increments of the same value both "win"). If a
+        # third writer replaced our landed write before we look, we still report a Conflict.
+        token = uuid.uuid4().hex
+        blob.metadata = {_WRITE_TOKEN: token}
         try:
             blob.upload_from_string(data, if_generation_match=generation)
         except self._precondition_failed:
-            # A retried upload whose first try landed also comes back 412: same bytes means it was ours.
-            if generation == 0:
-                current = self.read(key)
-                if current is not None and current.data == data:
-                    return current.version
+            if generation is not None:
+                current = self._blob(key)
+                try:
+                    current.reload()
+                except NotFound:
+                    raise Conflict(key) from None
+                if (current.metadata or {}).get(_WRITE_TOKEN) == token:
+                    return str(current.generation)
             raise Conflict(key) from None
         return str(blob.generation)
 
@@ -173,6 +212,9 @@ class GcsStore:
     def list(self, prefix: str) -> list[str]:
         blobs = self._client.list_blobs(self._bucket, prefix=self._prefix + prefix)
         return sorted(b.name[len(self._prefix) :] for b in blobs)
+
+
+_WRITE_TOKEN = "clusterbot-write"
 
 
 def _gcs_client(storage):  # noqa: ANN001, ANN202

@@ -1,0 +1,264 @@
+"""Cluster locks with leases, on both store backends (local directory, GCS on fake-gcs-server)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ops import locks
+from ops.errors import Refused
+from ops.locks import Lease, acquire, current_lock, force_unlock, take_over
+from ops.store import GcsStore, LocalStore, Store
+from tests.gcs_emulator import GcsEmulator, gcs_bucket, gcs_server  # noqa: F401 - fixtures
+
+WAIT_S = 10.0  # upper bound of every wait below
+
+StoreFactory = Callable[[], Store]
+
+
+@pytest.fixture(params=["local", "gcs"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    """Independent store objects on the same backing storage, as separate processes would have."""
+    if request.param == "local":
+        root = tmp_path / "store"
+        return lambda: LocalStore(root)
+    server: GcsEmulator = request.getfixturevalue("gcs_server")
+    bucket = request.getfixturevalue("gcs_bucket")
+    return lambda: GcsStore(f"gs://{bucket}/state", client=server.client())
+
+
+@pytest.fixture
+def store(make_store: StoreFactory) -> Store:
+    return make_store()
+
+
+@pytest.fixture
+def leases() -> list[Lease]:
+    """Leases a test started renewing: their threads are stopped at the end whatever happens."""
+    held: list[Lease] = []
+    yield held
+    for lease in held:
+        lease.stop_renewing()
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_acquire_free_cluster(store: Store) -> None:
+    assert current_lock(store, "c1") is None
+    lease = acquire(store, "c1", "op-1", "restart", "alice", lease_s=30)
+    assert not lease.lost
+    held = current_lock(store, "c1")
+    assert held is not None
+    assert (held.op_id, held.kind, held.owner, held.lease_s) == ("op-1", "restart", "alice", 30)
+    assert not held.expired()
+    assert current_lock(store, "other") is None
+
+
+def test_second_acquire_refused_names_owner_and_op(store: Store) -> None:
+    acquire(store, "c1", "op-1", "restart", "alice", lease_s=30)
+    with pytest.raises(Refused) as e:
+        acquire(store, "c1", "op-2", "restart", "bob", lease_s=30)
+    assert "alice" in str(e.value) and "op-1" in str(e.value) and "restart" in str(e.value)
+    assert current_lock(store, "c1").op_id == "op-1"
+
+
+def test_release_then_acquire_again(store: Store) -> None:
+    lease = acquire(store, "c1", "op-1", "restart", "alice", lease_s=30)
+    lease.release()
+    assert current_lock(store, "c1") is None
+    lease.release()  # twice is harmless
+    again = acquire(store, "c1", "op-2", "scale", "bob", lease_s=30)
+    assert current_lock(store, "c1").op_id == "op-2"
+    again.release()
+    assert current_lock(store, "c1") is None
+
+
+def test_renew_after_release_does_not_relock(store: Store) -> None:
+    lease = acquire(store, "c1", "op-1", "restart", "alice", lease_s=30)
+    lease.release()
+    with pytest.raises(Refused):
+        lease.renew()
+    assert current_lock(store, "c1") is None
+
+
+def test_renew_extends_heartbeat(store: Store) -> None:
+    lease = acquire(store, "c1", "op-1", "restart", "alice", lease_s=30)
+    before = current_lock(store, "c1").heartbeat_at
+    time.sleep(0.01)
+    lease.renew()
+    assert current_lock(store, "c1").heartbeat_at > before
+
+
+def test_take_over_only_after_expiry(make_store: StoreFactory) -> None:
+    old_store, new_store = make_store(), make_store()
+    old = acquire(old_store, "c1", "op-1", "restart", "alice", lease_s=1.0)
+    with pytest.raises(Refused) as e:
+        take_over(new_store, "c1", "op-1", "bob", lease_s=30)
+    assert "alice" in str(e.value) and "still alive" in str(e.value)
+    with pytest.raises(Refused):
+        take_over(new_store, "c1", "op-other", "bob", lease_s=30)  # not the operation holding it
+
+    wait_until(lambda: current_lock(new_store, "c1").expired(), "the 1 s lease to expire")
+    new = take_over(new_store, "c1", "op-1", "bob", lease_s=30)
+    held = current_lock(new_store, "c1")
+    assert (held.op_id, held.owner, held.lease_s) == ("op-1", "bob", 30)
+    assert held.acquired_at == old.record.acquired_at  # the same operation continues
+
+    with pytest.raises(Refused, match="lost the lock"):
+        old.renew()
+    assert old.lost
+    old.release()  # a lost lease releases nothing
+    assert current_lock(new_store, "c1").owner == "bob"
+    new.renew()
+    new.release()
+    assert current_lock(new_store, "c1") is None
+
+
+def test_take_over_of_free_or_released_lock_refused(store: Store) -> None:
+    with pytest.raises(Refused):
+        take_over(store, "c1", "op-1", "bob", lease_s=30)
+    acquire(store, "c1", "op-1", "restart", "alice", lease_s=30).release()
+    with pytest.raises(Refused):
+        take_over(store, "c1", "op-1", "bob", lease_s=30)
+
+
+def test_start_renewing_keeps_short_lease_alive(make_store: StoreFactory, leases: list[Lease]) -> None:
+    holder_store, other_store = make_store(), make_store()
+    lease = acquire(holder_store, "c1", "op-1", "restart", "alice", lease_s=1.0)
+    leases.append(lease)
+    lease.start_renewing()
+    lease.start_renewing()  # a second call does not start a second thread
+    start = time.monotonic()
+    while time.monotonic() - start < 2.5:  # 2.5 lease lengths
+        held = current_lock(other_store, "c1")
+        assert held is not None and not held.expired(), "the lease expired while being renewed"
+        time.sleep(0.1)
+    with pytest.raises(Refused, match="still alive"):
+        take_over(other_store, "c1", "op-1", "bob", lease_s=30)
+    assert not lease.lost
+
+    lease.release()
+    assert lease._thread is not None and not lease._thread.is_alive()
+    assert current_lock(other_store, "c1") is None
+    time.sleep(0.5)  # more than a renewal period: no renewal may land after the release
+    assert current_lock(other_store, "c1") is None
+
+
+def test_release_while_renewing_fast(store: Store, leases: list[Lease]) -> None:
+    """The renewing thread and release() share the version: neither may make the other look lost."""
+    for i in range(5):
+        lease = acquire(store, "c1", f"op-{i}", "restart", "alice", lease_s=0.03)  # renews every 10 ms
+        leases.append(lease)
+        lease.start_renewing()
+        time.sleep(0.05)
+        lease.release()
+        assert not lease.lost
+        assert current_lock(store, "c1") is None
+
+
+def test_renewing_thread_stops_when_lease_lost(make_store: StoreFactory, leases: list[Lease]) -> None:
+    holder_store, admin_store = make_store(), make_store()
+    lease = acquire(holder_store, "c1", "op-1", "restart", "alice", lease_s=0.3)
+    leases.append(lease)
+    lease.start_renewing()
+    released = force_unlock(admin_store, "c1")
+    assert released is not None and released.op_id == "op-1"
+    wait_until(lambda: not lease._thread.is_alive(), "the renewing thread to notice the lost lease")
+    assert lease.lost
+    assert current_lock(admin_store, "c1") is None
+
+
+def test_force_unlock(make_store: StoreFactory) -> None:
+    holder_store, admin_store = make_store(), make_store()
+    assert force_unlock(admin_store, "c1") is None
+    lease = acquire(holder_store, "c1", "op-1", "restart", "alice", lease_s=30)
+    released = force_unlock(admin_store, "c1")
+    assert released is not None and (released.op_id, released.owner) == ("op-1", "alice")
+    assert current_lock(admin_store, "c1") is None
+    assert force_unlock(admin_store, "c1") is None
+    with pytest.raises(Refused):
+        lease.renew()
+    assert lease.lost
+    acquire(admin_store, "c1", "op-2", "restart", "bob", lease_s=30)
+    assert current_lock(holder_store, "c1").op_id == "op-2"
+
+
+class _RenewBetweenReadAndWrite:
+    """A store proxy: just before the first compare-and-set, the holder renews its lease, so the
+    compare-and-set sees a version it did not read."""
+
+    def __init__(self, store: Store, lease: Lease) -> None:
+        self._store, self._lease, self.interfered = store, lease, False
+        self.url = store.url
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self._store, name)
+
+    def replace(self, key: str, data: bytes, version: str) -> str:
+        if not self.interfered:
+            self.interfered = True
+            self._lease.renew()
+        return self._store.replace(key, data, version)
+
+
+def test_force_unlock_retries_when_holder_renews_meanwhile(make_store: StoreFactory) -> None:
+    holder_store, admin_store = make_store(), make_store()
+    lease = acquire(holder_store, "c1", "op-1", "restart", "alice", lease_s=30)
+    proxy = _RenewBetweenReadAndWrite(admin_store, lease)
+    released = force_unlock(proxy, "c1")
+    assert proxy.interfered
+    assert released is not None and released.op_id == "op-1"
+    assert current_lock(admin_store, "c1") is None
+    with pytest.raises(Refused):
+        lease.renew()
+
+
+@pytest.mark.parametrize("initially", ["absent", "released"])
+def test_concurrent_acquire_exactly_one_wins(make_store: StoreFactory, initially: str) -> None:
+    n = 6
+    stores = [make_store() for _ in range(n)]
+    if initially == "released":
+        acquire(stores[0], "c1", "op-0", "restart", "zed", lease_s=30).release()
+    barrier = threading.Barrier(n, timeout=WAIT_S)
+    won: list[int] = []
+    refused: list[int] = []
+    errors: list[BaseException] = []
+
+    def attempt(i: int) -> None:
+        try:
+            barrier.wait()
+            acquire(stores[i], "c1", f"op-{i}", "restart", f"user{i}", lease_s=30)
+            won.append(i)
+        except Refused:
+            refused.append(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=attempt, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+    assert len(won) == 1 and len(refused) == n - 1, (won, refused)
+    assert current_lock(stores[0], "c1").op_id == f"op-{won[0]}"
+
+
+def test_held_hint_for_expired_restart(store: Store) -> None:
+    acquire(store, "c1", "op-1", "restart", "alice", lease_s=0.05)
+    wait_until(lambda: current_lock(store, "c1").expired(), "the lease to expire")
+    with pytest.raises(Refused) as e:
+        acquire(store, "c1", "op-2", "restart", "bob", lease_s=30)
+    assert "--resume" in e.value.hint
+    assert locks.current_lock(store, "c1").op_id == "op-1"

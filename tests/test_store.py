@@ -1,0 +1,257 @@
+"""The durable store on both backends: a local directory and GCS (fake-gcs-server)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import requests
+
+from ops.errors import BadInput
+from ops.store import Conflict, GcsStore, LocalStore, Store, open_store
+from tests.gcs_emulator import GcsEmulator, gcs_bucket, gcs_server  # noqa: F401 - fixtures
+
+JOIN_TIMEOUT_S = 30.0
+
+StoreFactory = Callable[[], Store]
+
+
+@pytest.fixture(params=["local", "gcs"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    """Makes independent store objects on the same backing storage (as separate processes would have):
+    each GcsStore gets its own client."""
+    if request.param == "local":
+        root = tmp_path / "store"
+        return lambda: LocalStore(root)
+    server: GcsEmulator = request.getfixturevalue("gcs_server")
+    bucket = request.getfixturevalue("gcs_bucket")
+    return lambda: GcsStore(f"gs://{bucket}/some/prefix", client=server.client())
+
+
+@pytest.fixture
+def store(make_store: StoreFactory) -> Store:
+    return make_store()
+
+
+def run_threads(target: Callable[[int], None], n: int) -> None:
+    """Run `target(i)` in n threads released together; re-raise the first exception; bounded."""
+    barrier = threading.Barrier(n, timeout=JOIN_TIMEOUT_S)
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait()
+            target(i)
+        except BaseException as e:  # noqa: BLE001 - reported in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads), "threads did not finish in time"
+    if errors:
+        raise errors[0]
+
+
+def test_read_missing(store: Store) -> None:
+    assert store.read("nothing/here.json") is None
+
+
+def test_create_then_create_again_conflicts(store: Store) -> None:
+    v = store.create("a/key", b"first")
+    got = store.read("a/key")
+    assert got is not None and got.data == b"first" and got.version == v
+    with pytest.raises(Conflict):
+        store.create("a/key", b"second")
+    with pytest.raises(Conflict):
+        store.create("a/key", b"first")  # the same bytes are no excuse
+    assert store.read("a/key").data == b"first"
+
+
+def test_replace_with_right_version_and_stale_version(store: Store) -> None:
+    v1 = store.create("k", b"one")
+    v2 = store.replace("k", b"two", v1)
+    assert v2 != v1
+    got = store.read("k")
+    assert got is not None and (got.data, got.version) == (b"two", v2)
+    with pytest.raises(Conflict):
+        store.replace("k", b"three", v1)
+    assert store.read("k").data == b"two"
+    v3 = store.replace("k", b"three", v2)
+    assert store.read("k").version == v3
+
+
+def test_replace_missing_conflicts(store: Store) -> None:
+    v = store.create("k", b"x")
+    with pytest.raises(Conflict):
+        store.replace("other", b"y", v)
+    assert store.read("other") is None
+
+
+def test_put(store: Store) -> None:
+    v1 = store.put("p/k", b"one")
+    assert store.read("p/k").version == v1
+    v2 = store.put("p/k", b"two")  # overwrites unconditionally
+    got = store.read("p/k")
+    assert (got.data, got.version) == (b"two", v2)
+    v3 = store.replace("p/k", b"three", v2)
+    assert store.read("p/k").version == v3
+    with pytest.raises(Conflict):
+        store.replace("p/k", b"four", v2)
+
+
+def test_list_with_prefixes(store: Store) -> None:
+    keys = ["locks/a.json", "locks/b.json", "jobs/x/1.json", "jobs/x/2.json", "jobs/xy.json", "top.json"]
+    for k in keys:
+        store.create(k, b"{}")
+    # A compare-and-set must leave no side files in listings (LocalStore keeps a lock file next to it).
+    store.replace("locks/a.json", b"{ }", store.read("locks/a.json").version)
+    assert store.list("") == sorted(keys)
+    assert store.list("locks/") == ["locks/a.json", "locks/b.json"]
+    assert store.list("locks") == ["locks/a.json", "locks/b.json"]
+    assert store.list("jobs/") == ["jobs/x/1.json", "jobs/x/2.json", "jobs/xy.json"]
+    # A prefix is a string prefix (GCS semantics), not a directory.
+    assert store.list("jobs/x") == ["jobs/x/1.json", "jobs/x/2.json", "jobs/xy.json"]
+    assert store.list("jobs/x/") == ["jobs/x/1.json", "jobs/x/2.json"]
+    assert store.list("locks/a") == ["locks/a.json"]
+    assert store.list("t") == ["top.json"]
+    assert store.list("nope/") == []
+    assert store.list("nope") == []
+
+
+def test_gcs_prefixes_are_isolated(gcs_server: GcsEmulator, gcs_bucket: str) -> None:  # noqa: F811
+    a = GcsStore(f"gs://{gcs_bucket}/a", client=gcs_server.client())
+    b = GcsStore(f"gs://{gcs_bucket}/b/", client=gcs_server.client())
+    root = GcsStore(f"gs://{gcs_bucket}", client=gcs_server.client())
+    a.create("k", b"in a")
+    assert b.read("k") is None
+    b.create("k", b"in b")
+    assert a.read("k").data == b"in a"
+    assert a.list("") == ["k"]
+    assert root.list("") == ["a/k", "b/k"]
+
+
+def test_local_rejects_keys_outside_root(tmp_path: Path) -> None:
+    s = LocalStore(tmp_path / "s")
+    for bad in ["../x", "/etc/passwd", "a/../../x"]:
+        with pytest.raises(ValueError):
+            s.read(bad)
+
+
+@pytest.mark.parametrize("same_bytes", [False, True], ids=["distinct", "same-bytes"])
+def test_concurrent_creates_exactly_one_wins(make_store: StoreFactory, same_bytes: bool) -> None:
+    n = 8
+    stores = [make_store() for _ in range(n)]
+    wins: list[int] = []
+    conflicts: list[int] = []
+
+    def create(i: int) -> None:
+        data = b"same" if same_bytes else f"writer {i}".encode()
+        try:
+            stores[i].create("race", data)
+            wins.append(i)
+        except Conflict:
+            conflicts.append(i)
+
+    run_threads(create, n)
+    assert len(wins) == 1, wins
+    assert len(conflicts) == n - 1
+    if not same_bytes:
+        assert stores[0].read("race").data == f"writer {wins[0]}".encode()
+
+
+def test_concurrent_compare_and_set_counter(make_store: StoreFactory) -> None:
+    n, per_thread, max_tries = 4, 10, 2000
+    stores = [make_store() for _ in range(n)]
+    stores[0].create("counter", b"0")
+    done = [0] * n
+
+    def increment(i: int) -> None:
+        s = stores[i]
+        for _ in range(max_tries):
+            if done[i] == per_thread:
+                return
+            cur = s.read("counter")
+            try:
+                s.replace("counter", str(int(cur.data) + 1).encode(), cur.version)
+            except Conflict:
+                continue
+            done[i] += 1
+        raise AssertionError(f"thread {i} did only {done[i]} increments in {max_tries} tries")
+
+    run_threads(increment, n)
+    assert done == [per_thread] * n
+    assert stores[0].read("counter").data == str(n * per_thread).encode()
+
+
+class _LoseFirstUploadReply(requests.adapters.HTTPAdapter):
+    """Sends the first upload to the server, then drops its reply: the client retries the upload."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = 0
+
+    def send(self, request, **kwargs):  # noqa: ANN001, ANN201
+        resp = super().send(request, **kwargs)
+        if request.method == "POST" and "/upload/" in request.url and self.dropped == 0:
+            self.dropped += 1
+            resp.close()
+            raise requests.ConnectionError("reply lost (injected by the test)")
+        return resp
+
+
+@pytest.mark.parametrize("op", ["create", "replace"])
+def test_gcs_retried_write_whose_first_try_landed(
+    gcs_server: GcsEmulator,  # noqa: F811
+    gcs_bucket: str,  # noqa: F811
+    op: str,
+) -> None:
+    """The client retries an upload whose reply was lost; the retry gets 412 because the first try
+    landed. The store must recognise its own write instead of reporting a Conflict."""
+    plain = GcsStore(f"gs://{gcs_bucket}/p", client=gcs_server.client())
+    base = plain.create("k", b"base") if op == "replace" else None
+    client = gcs_server.client()
+    lossy = _LoseFirstUploadReply()
+    client._http.mount("http://", lossy)
+    s = GcsStore(f"gs://{gcs_bucket}/p", client=client)
+    v = s.create("k", b"mine") if op == "create" else s.replace("k", b"mine", base)
+    assert lossy.dropped == 1
+    got = plain.read("k")
+    assert (got.data, got.version) == (b"mine", v)
+
+
+def test_open_store_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = open_store(str(tmp_path / "here"))
+    assert isinstance(s, LocalStore) and s.root == tmp_path / "here"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    s = open_store("~/st")
+    assert isinstance(s, LocalStore) and s.root == tmp_path / "home" / "st"
+    monkeypatch.setenv("CLUSTERBOT_STORE", str(tmp_path / "from-env"))
+    assert open_store().root == tmp_path / "from-env"
+    monkeypatch.delenv("CLUSTERBOT_STORE")
+    monkeypatch.setenv("CLUSTERBOT_HOME", str(tmp_path / "cbhome"))
+    assert open_store().root == tmp_path / "cbhome" / "store"
+
+
+def test_open_store_gs_through_emulator_env(
+    gcs_server: GcsEmulator,  # noqa: F811
+    gcs_bucket: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
+    s = open_store(f"gs://{gcs_bucket}/pre")
+    assert isinstance(s, GcsStore) and s.url == f"gs://{gcs_bucket}/pre"
+    v = s.create("k", b"v")
+    assert s.read("k").version == v
+    direct = gcs_server.client().bucket(gcs_bucket).blob("pre/k")
+    assert direct.download_as_bytes() == b"v"
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/prefix", "file:///tmp/x", "gs://", "gs:///prefix"])
+def test_open_store_bad_urls(url: str) -> None:
+    with pytest.raises(BadInput):
+        open_store(url)
