@@ -1,0 +1,428 @@
+"""`python -m ops ...`: the operators' runbook commands, without the bot.
+
+Each command calls the library, gets a typed result, and renders it as text or, with `--json`, as
+one JSON document on stdout. Progress goes to stderr. Exit codes: 0 done, 1 the operation failed,
+2 bad input, 3 refused (ops.errors.ExitCode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from pydantic import BaseModel
+
+from ops.errors import BadInput, ExitCode, OpsError, Refused
+from ops.jobs import Job, active_jobs
+from ops.locks import current_lock
+from ops.registry import Cluster, Registry, load_registry
+from ops.store import open_store
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad input as one plain line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(f"{self.prog}: {message}")
+
+
+class Out:
+    """Where a command writes: text or one JSON document on stdout, progress on stderr."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def progress(self, line: str) -> None:
+        print(f"… {line}", file=sys.stderr, flush=True)
+
+    def result(self, model: BaseModel | dict[str, Any], text: str) -> None:
+        if self.as_json:
+            data = model.model_dump(mode="json") if isinstance(model, BaseModel) else model
+            print(json.dumps(data, indent=1, default=str))
+        else:
+            print(text)
+
+
+# -- rendering -------------------------------------------------------------------------------------
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def render_jobs(jobs: list[Job]) -> str:
+    if not jobs:
+        return "no running or pending jobs"
+    now = time.time()
+    rows = [("OWNER", "STATUS", "AGE", "SUBMISSION ID", "ENTRYPOINT")]
+    for j in jobs:
+        owner = j.owner_label + ("" if j.owner_source == "metadata" else f" ({j.owner_source})")
+        entry = j.entrypoint if len(j.entrypoint) <= 60 else j.entrypoint[:57] + "..."
+        rows.append((owner, j.status, _age(j.age_s(now)), j.submission_id, entry))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+                     for r in rows)  # fmt: skip
+
+
+def owners_line(jobs: list[Job]) -> str:
+    counts = Counter(j.owner_label for j in jobs)
+    return ", ".join(f"{o}: {n}" for o, n in counts.most_common()) or "none"
+
+
+# -- commands ---------------------------------------------------------------------------------------
+class ClusterRow(BaseModel):
+    name: str
+    ray_cluster_name: str
+    region: str
+    zone: str
+    tpu: str
+    workers: str
+    protected: bool
+    dashboard_url: str
+
+
+def cmd_clusters(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+    rows = [
+        ClusterRow(
+            name=c.name,
+            ray_cluster_name=c.ray_cluster_name,
+            region=c.region,
+            zone=c.zone,
+            tpu=c.worker_tpu_type,
+            workers=f"{c.min_workers}-{c.max_workers}",
+            protected=c.protected,
+            dashboard_url=c.dashboard_url,
+        )
+        for c in reg.clusters.values()
+    ]
+    lines = [f"{'NAME':12} {'RAY CLUSTER':18} {'ZONE':15} {'TPU':12} {'WORKERS':8} NOTE"]
+    for r in rows:
+        note = "protected" if r.protected else ""
+        lines.append(f"{r.name:12} {r.ray_cluster_name:18} {r.zone:15} {r.tpu:12} {r.workers:8} {note}")
+    out.result({"clusters": [r.model_dump() for r in rows]}, "\n".join(lines))
+    return 0
+
+
+def cmd_jobs(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+    from ops.ray_api import RayApi
+
+    cluster = reg.get(args.cluster)
+    jobs = active_jobs(RayApi(cluster))
+    out.result({"cluster": cluster.name, "jobs": [j.model_dump() for j in jobs]}, render_jobs(jobs))
+    return 0
+
+
+class StatusReport(BaseModel):
+    cluster: str
+    head_up: bool
+    workers: dict[str, int]  # alive workers by type
+    dead_workers: int
+    min_workers: int
+    max_workers: int
+    jobs: list[Job]
+    jobs_by_owner: dict[str, int]
+    operation: str | None
+
+
+def _worker_type(node: dict[str, Any]) -> str:
+    for res in node.get("resources_total") or {}:
+        if res.startswith("TPU-") and res.endswith("-head"):
+            return res.removeprefix("TPU-").removesuffix("-head")
+    return "cpu"
+
+
+def cluster_status(cluster: Cluster) -> StatusReport:
+    from ops.ray_api import RayApi
+
+    api = RayApi(cluster)
+    up = api.reachable()
+    workers: Counter[str] = Counter()
+    dead = 0
+    jobs: list[Job] = []
+    if up:
+        for node in api.nodes():
+            if node.get("is_head_node"):
+                continue
+            if node.get("state") == "ALIVE":
+                workers[_worker_type(node)] += 1
+            else:
+                dead += 1
+        jobs = active_jobs(api)
+    held = current_lock(open_store(), cluster.name)
+    return StatusReport(
+        cluster=cluster.name,
+        head_up=up,
+        workers=dict(workers),
+        dead_workers=dead,
+        min_workers=cluster.min_workers,
+        max_workers=cluster.max_workers,
+        jobs=jobs,
+        jobs_by_owner=dict(Counter(j.owner_label for j in jobs)),
+        operation=held.describe() + (" (stalled: its lease expired)" if held.expired() else "")
+        if held
+        else None,
+    )
+
+
+def render_status(s: StatusReport) -> str:
+    if not s.head_up:
+        head = "head: DOWN (the dashboard does not answer)"
+    else:
+        head = "head: up"
+    alive = sum(s.workers.values())
+    by_type = ", ".join(f"{t}: {n}" for t, n in sorted(s.workers.items())) or "none"
+    lines = [
+        f"{s.cluster}  {head}",
+        f"workers: {alive} alive ({by_type}), min {s.min_workers}, max {s.max_workers}"
+        + (f", {s.dead_workers} dead" if s.dead_workers else ""),
+        f"jobs: {sum(1 for j in s.jobs if j.status == 'RUNNING')} running, "
+        f"{sum(1 for j in s.jobs if j.status == 'PENDING')} pending; by owner: {owners_line(s.jobs)}",
+        f"operation in progress: {s.operation or 'none'}",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_status(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+    names = [args.cluster] if args.cluster else list(reg.clusters)
+    reports = [cluster_status(reg.get(n)) for n in names]
+    if len(reports) == 1:
+        out.result(reports[0], render_status(reports[0]))
+    else:
+        out.result({"clusters": [r.model_dump(mode="json") for r in reports]},
+                   "\n\n".join(render_status(r) for r in reports))  # fmt: skip
+    return 0
+
+
+class Submitted(BaseModel):
+    cluster: str
+    submission_id: str
+    owner: str
+
+
+def cmd_submit(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+    from ops.ray_api import RayApi
+
+    cluster = reg.get(args.cluster)
+    entrypoint = " ".join(args.entrypoint).strip()
+    if not entrypoint:
+        raise BadInput(
+            "submit needs an entrypoint after --", "e.g. ops submit --cluster local -- python x.py"
+        )
+    kwargs: dict[str, Any] = {"entrypoint": entrypoint, "metadata": {"user": args.caller}}
+    if args.submission_id:
+        kwargs["submission_id"] = args.submission_id
+    if args.working_dir:
+        kwargs["runtime_env"] = {"working_dir": args.working_dir}
+    if args.num_cpus is not None:
+        kwargs["entrypoint_num_cpus"] = args.num_cpus
+    if args.resources:
+        try:
+            kwargs["entrypoint_resources"] = {k: float(v) for k, v in json.loads(args.resources).items()}
+        except (ValueError, AttributeError):
+            raise BadInput("--resources must be a JSON object of numbers", 'e.g. {"TPU": 4}') from None
+    try:
+        sid = RayApi(cluster).submit(**kwargs)
+    except OpsError:
+        raise
+    except Exception as e:
+        raise OpsError(f"the job was not accepted by {cluster.name}: {str(e).strip()[:300]}") from None
+    out.result(Submitted(cluster=cluster.name, submission_id=sid, owner=args.caller),
+               f"submitted {sid} on {cluster.name} as {args.caller}")  # fmt: skip
+    return 0
+
+
+def cmd_update_configs(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+    from ops.configs import update_configs
+
+    result = update_configs(reg, check=args.check)
+    out.result(result, result.summary())
+    return 0 if result.ok else 1
+
+
+def cmd_local(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+    from ops.drivers.local import LocalDriver
+
+    cluster = reg.get(args.cluster)
+    if cluster.driver != "local":
+        raise BadInput(f"{cluster.name} is not a local cluster", "local clusters: " + ", ".join(
+            c.name for c in reg.clusters.values() if c.driver == "local"))  # fmt: skip
+    driver = LocalDriver(cluster)
+    if args.action == "up":
+        out.progress(f"starting {cluster.name} (state in {driver.state_dir})")
+        text = driver.start()
+    elif args.action == "down":
+        text = driver.stop()
+    else:
+        up = driver.is_up()
+        text = f"{cluster.name}: {'up, dashboard at ' + cluster.dashboard_url if up else 'down'}"
+    out.result({"cluster": cluster.name, "up": driver.is_up(), "message": text}, text)
+    return 0
+
+
+def _confirm(question: str) -> bool:
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
+def render_plan(plan: Any) -> str:
+    lines = [
+        f"restart {plan.cluster}, asked by {plan.caller}; jobs "
+        + ("backed up and resubmitted" if plan.preserve_jobs else "stopped and NOT resubmitted"),
+        f"{len(plan.jobs)} running or pending job(s) will be stopped; by owner: {owners_line(plan.jobs)}",
+    ]
+    if plan.jobs:
+        lines.append(render_jobs(plan.jobs))
+    if plan.preserve_jobs and plan.jobs:
+        lines.append(f"each will be resubmitted once after the restart, owner kept ({len(plan.jobs)} job(s))")
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines)
+
+
+def render_restart(r: Any) -> str:
+    lines = [f"restart {r.op_id} of {r.cluster}: {r.step.value} in {r.total_s:.1f}s"]
+    phases = ", ".join(f"{k} {v:.1f}s" for k, v in r.durations.items())
+    if phases:
+        lines.append(f"phases: {phases}")
+    ok = [x for x in r.resubmitted if x.status == "submitted"]
+    if r.preserve_jobs:
+        lines.append(f"resubmitted {len(ok)}/{len(r.resubmitted)} job(s):")
+    lines += [f"  {x.owner or 'unknown'}: {x.old_id} -> {x.new_id}" for x in ok]
+    lines += [f"  FAILED {x.owner or 'unknown'}: {x.old_id}: {x.error}" for x in r.resubmitted
+              if x.status != "submitted"]  # fmt: skip
+    lines += [f"not preserved: {n}" for n in r.not_preserved]
+    return "\n".join(lines)
+
+
+def cmd_restart(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+    from ops import restart
+
+    cluster = reg.get(args.cluster)
+    store = open_store()
+    restart.check_protected(cluster, args.override_protected)
+    if args.resume and args.abandon:
+        raise BadInput("give --resume or --abandon, not both")
+    if args.abandon:
+        done = restart.abandon_restart(store, cluster, args.caller, restart.Settings().lease_s)
+        left = f"; not resubmitted: {', '.join(done.not_resubmitted)}" if done.not_resubmitted else ""
+        text = f"abandoned {done.op_id} at step {done.step.value}; backups kept in {done.backups}{left}"
+        out.result(done, text)
+        return 0
+    if args.resume:
+        run = restart.resume_restart(store, cluster, args.caller, progress=out.progress)
+        result = run.run()
+        out.result(result, render_restart(result))
+        return 0 if all(x.status == "submitted" for x in result.resubmitted) else 1
+
+    preserve = args.preserve_jobs == "1"
+    plan = restart.plan_restart(store, cluster, args.caller, preserve)
+    if args.dry_run:
+        out.result(
+            {"dry_run": True, "plan": plan.model_dump(mode="json")},
+            render_plan(plan) + "\n(dry run: nothing done)",
+        )
+        return 0
+    if not out.as_json:
+        print(render_plan(plan), file=sys.stderr)
+    if plan.others_jobs and not args.yes:
+        raise Refused(
+            f"{plan.others_jobs} job(s) of other users would be stopped ({', '.join(plan.affected_owners)})",
+            "ask them in #infra first, then pass --yes",
+        )
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise Refused("not a terminal, so nobody can confirm", "pass --yes to restart anyway")
+        if not _confirm(f"restart {cluster.name} now?"):
+            raise Refused("not confirmed; nothing was done")
+    run = restart.start_restart(store, cluster, args.caller, preserve, progress=out.progress)
+    out.progress(f"operation {run.record.op_id} (journal in {store.url}/{run.record.scope})")
+    result = run.run()
+    out.result(result, render_restart(result))
+    return 0 if all(x.status == "submitted" for x in result.resubmitted) else 1
+
+
+# -- parser ----------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)
+    common.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    common.add_argument("--as", dest="caller", default=None, help="who is acting (default: login name)")
+    common.add_argument("--debug", action="store_true", help="tracebacks for unexpected errors")
+
+    parser = _Parser(prog="ops", description="clusterbot ops: the shared Ray clusters from the terminal")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add(name: str, fn: Callable[..., int], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help)
+        p.set_defaults(fn=fn)
+        return p
+
+    add("clusters", cmd_clusters, "the registry at a glance")
+    p = add("status", cmd_status, "head, workers, jobs by owner, operation in progress")
+    p.add_argument("--cluster")
+    p = add("jobs", cmd_jobs, "running and pending jobs with owners")
+    p.add_argument("--cluster", required=True)
+    p = add("submit", cmd_submit, "submit a job with its owner in metadata")
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--submission-id")
+    p.add_argument("--working-dir")
+    p.add_argument("--num-cpus", type=float)
+    p.add_argument("--resources", help='entrypoint resources as JSON, e.g. {"TPU": 4}')
+    p.add_argument("entrypoint", nargs=argparse.REMAINDER)
+    p = add("restart", cmd_restart, "restart a cluster, preserving its jobs")
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--preserve-jobs", choices=["1", "0"], default="1")
+    p.add_argument("--yes", action="store_true", help="do not ask; needed when others' jobs run")
+    p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument("--resume", action="store_true", help="continue a restart whose process died")
+    p.add_argument("--abandon", action="store_true", help="give up an unfinished restart (backups kept)")
+    p.add_argument("--override-protected", action="store_true", help="admins: act on a protected cluster")
+    p = add("update-configs", cmd_update_configs, "render infra/<cluster>.yaml from the template")
+    p.add_argument("--check", action="store_true", help="fail (exit 1) when a committed file differs")
+    p = add("local", cmd_local, "the local Ray cluster on this machine")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--cluster", default="local")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    as_json = "--json" in argv
+    debug = "--debug" in argv or bool(os.environ.get("CLUSTERBOT_DEBUG"))
+    try:
+        args = build_parser().parse_args(argv)
+        if args.entrypoint if hasattr(args, "entrypoint") else False:
+            args.entrypoint = (
+                [a for a in args.entrypoint if a != "--"]
+                if args.entrypoint[:1] == ["--"]
+                else args.entrypoint
+            )
+        args.caller = args.caller or getpass.getuser()
+        return args.fn(load_registry(), args, Out(args.json))
+    except OpsError as e:
+        return _fail(e, as_json)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return ExitCode.FAILED
+    except Exception as e:  # unexpected: a short line, the traceback only when asked
+        if debug:
+            traceback.print_exc()
+        return _fail(OpsError(f"unexpected error: {type(e).__name__}: {e}", "rerun with --debug"), as_json)
+
+
+def _fail(e: OpsError, as_json: bool) -> int:
+    if as_json:
+        print(json.dumps({"error": e.reason, "hint": e.hint, "exit_code": int(e.code)}))
+    print(f"error: {e}", file=sys.stderr)
+    return int(e.code)

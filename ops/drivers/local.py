@@ -1,0 +1,229 @@
+"""The local cluster: a real Ray head on 127.0.0.1 with Ray's fake multi-node autoscaler.
+
+Worker node types carry TPU resources (`TPU`, `TPU-<type>-head`) so jobs and demand look like the
+real clusters'. Every process is ours by construction: `ray start --head --block` runs in its own
+session and we remember its pid; `stop` ends that process tree (never `ray stop`, which kills every
+Ray process on the machine). Pitfalls this works around are in shared/FINDINGS.md: a short temp dir,
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 to stay on 127.0.0.1, explicit ports per head, explicit auth mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+from ops.errors import OpsError
+from ops.registry import Cluster, clusterbot_home
+
+START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 8.0  # jobs were stopped and backed up already; then SIGKILL
+
+
+class LocalDriver:
+    def __init__(self, cluster: Cluster) -> None:
+        assert cluster.local_ports is not None
+        self.cluster = cluster
+        self.ports = cluster.local_ports
+        self.state_dir = clusterbot_home() / "local" / cluster.name
+        # Ray refuses socket paths over 107 bytes: keep the temp dir short but unique per state dir.
+        digest = hashlib.sha1(str(self.state_dir.resolve()).encode()).hexdigest()[:8]
+        self.temp_dir = Path(f"/tmp/cb-{digest}")
+        self.pid_file = self.state_dir / "head.pid"
+        self.log_file = self.state_dir / "head.log"
+
+    # -- what the cluster looks like -------------------------------------------------------------
+    def autoscaling_config(self) -> dict:
+        tpu = self.cluster.worker_tpu
+        worker_type = f"tpu-{tpu.name}"
+        return {
+            "cluster_name": self.cluster.ray_cluster_name,
+            "max_workers": self.cluster.max_workers,
+            "upscaling_speed": 1.0,
+            "idle_timeout_minutes": 1,
+            "provider": {
+                "type": "fake_multinode",
+                "use_node_id_as_ip": True,
+                "disable_node_updaters": True,
+                "disable_launch_config_check": True,
+                "gcs_address": f"127.0.0.1:{self.ports.gcs}",
+            },
+            "available_node_types": {
+                "ray.head.default": {"resources": {"CPU": 2}, "node_config": {}, "max_workers": 0},
+                worker_type: {
+                    "resources": {"CPU": 1, "TPU": tpu.chips_per_host, tpu.head_resource: 1},
+                    "node_config": {},
+                    "min_workers": self.cluster.min_workers,
+                    "max_workers": self.cluster.max_workers,
+                },
+            },
+            "head_node_type": "ray.head.default",
+            "auth": {"ssh_user": "ubuntu"},
+            "file_mounts": {},
+            "cluster_synced_files": [],
+            "file_mounts_sync_continuously": False,
+            "rsync_exclude": [],
+            "rsync_filter": [],
+            "initialization_commands": [],
+            "setup_commands": [],
+            "head_setup_commands": [],
+            "worker_setup_commands": [],
+            "head_start_ray_commands": [],
+            "worker_start_ray_commands": [],
+        }
+
+    def token_path(self) -> Path | None:
+        if self.cluster.token is None or self.cluster.token.file is None:
+            return None
+        from ops.registry import _expand
+
+        return Path(_expand(self.cluster.token.file))
+
+    def env(self) -> dict[str, str]:
+        """The environment `ray start` runs in; token auth when the registry gives the cluster a token."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        env.update(
+            RAY_FAKE_CLUSTER="1",
+            AUTOSCALER_UPDATE_INTERVAL_S="1",
+            RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+            RAY_USAGE_STATS_ENABLED="0",
+            RAY_AUTH_MODE="disabled",
+            CLUSTERBOT_LOCAL_HEAD=str(self.temp_dir),  # inherited by every process: how stop() finds them
+        )
+        token_path = self.token_path()
+        if token_path is not None:
+            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path))
+        return env
+
+    def command(self, config_path: Path) -> list[str]:
+        p = self.ports
+        ray_bin = str(Path(sys.executable).with_name("ray"))
+        return [
+            ray_bin, "start", "--head", "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={p.gcs}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={p.dashboard}",
+            f"--dashboard-agent-listen-port={p.dashboard_agent_listen}",
+            f"--dashboard-agent-grpc-port={p.dashboard_agent_grpc}",
+            f"--metrics-export-port={p.metrics_export}",
+            f"--runtime-env-agent-port={p.runtime_env_agent}",
+            f"--ray-client-server-port={p.ray_client_server}",
+            f"--min-worker-port={p.min_worker}",
+            f"--max-worker-port={p.max_worker}",
+            "--num-cpus=2",
+            f"--temp-dir={self.temp_dir}",
+            f"--autoscaling-config={config_path}",
+            "--disable-usage-stats",
+        ]  # fmt: skip
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _head_process(self) -> psutil.Process | None:
+        try:
+            pid = int(self.pid_file.read_text().split()[0])
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            cmd = " ".join(proc.cmdline())
+        except (FileNotFoundError, ValueError, IndexError, psutil.Error):
+            return None
+        return proc if str(self.temp_dir) in cmd else None
+
+    def is_up(self) -> bool:
+        return self._head_process() is not None
+
+    def start(self) -> str:
+        url = self.cluster.dashboard_url
+        if self.is_up():
+            return f"local cluster already up, dashboard at {url}"
+        self.stop()  # leftovers of a head that died leave ports taken
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        token_path = self.token_path()
+        if token_path is not None and not token_path.exists():
+            token_path.parent.mkdir(parents=True, exist_ok=True)
+            token_path.touch(mode=0o600)
+            token_path.write_text(secrets.token_hex(32))
+        config_path = self.state_dir / "autoscaler.yaml"
+        config_path.write_text(yaml.safe_dump(self.autoscaling_config(), sort_keys=False))
+        with open(self.log_file, "ab") as log:
+            proc = subprocess.Popen(
+                self.command(config_path),
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.state_dir,
+            )
+        self.pid_file.write_text(f"{proc.pid}\n")
+        from ops.ray_api import RayApi
+
+        api = RayApi(self.cluster)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                self._cleanup_pidfile()
+                raise OpsError(
+                    f"the local Ray head exited with code {proc.returncode} while starting",
+                    f"see {self.log_file}",
+                )
+            if api.reachable():
+                break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise OpsError(
+                    f"the local Ray head did not answer within {START_TIMEOUT_S:.0f}s",
+                    f"see {self.log_file}",
+                )
+            time.sleep(0.5)
+        return f"local cluster up (pid {proc.pid}), dashboard at {url}"
+
+    def _our_processes(self) -> list[psutil.Process]:
+        """The head's process tree, plus any process that carries our marker (orphaned workers)."""
+        procs: dict[int, psutil.Process] = {}
+        head = self._head_process()
+        if head is not None:
+            procs[head.pid] = head
+            for child in head.children(recursive=True):
+                procs[child.pid] = child
+        marker = str(self.temp_dir)
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if proc.pid != os.getpid() and proc.environ().get("CLUSTERBOT_LOCAL_HEAD") == marker:
+                    procs[proc.pid] = proc
+                    for child in proc.children(recursive=True):
+                        procs[child.pid] = child
+            except psutil.Error:
+                continue
+        return list(procs.values())
+
+    def stop(self) -> str:
+        procs = self._our_processes()
+        if not procs:
+            self._cleanup_pidfile()
+            return "local cluster is not running"
+        for proc in procs:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=STOP_TIMEOUT_S)
+        for proc in alive:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        self._cleanup_pidfile()
+        return f"local cluster stopped ({len(procs)} processes)"
+
+    def _cleanup_pidfile(self) -> None:
+        self.pid_file.unlink(missing_ok=True)

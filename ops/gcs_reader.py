@@ -1,0 +1,63 @@
+"""Read what only a cluster's GCS holds (JobInfo entrypoint resources, working_dir packages).
+
+Run as a child process (`python -m ops.gcs_reader`) because Ray's GCS client takes its auth token
+from the process environment once per process: a child per read keeps one cluster's token out of
+every other cluster's calls, and out of the command line. Request on stdin, JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from ops.errors import OpsError
+
+
+def read_gcs(address: str, token: str | None, request: dict[str, Any], timeout: float = 60) -> Any:
+    """Run one request ({"op": "job_infos"} or {"op": "packages", "uris": [...]}) against the GCS."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env.update(RAY_AUTH_MODE="token" if token else "disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    if token:
+        env["RAY_AUTH_TOKEN"] = token
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ops.gcs_reader", address],
+            input=json.dumps(request).encode(),
+            capture_output=True,
+            env=env,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise OpsError(f"reading the GCS at {address} took over {timeout:.0f}s") from None
+    if proc.returncode != 0:
+        last = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise OpsError(f"reading the GCS at {address} failed: {last[0][:300]}")
+    return json.loads(proc.stdout)
+
+
+def _serve(address: str, request: dict[str, Any]) -> Any:
+    from ray._private.ray_constants import KV_NAMESPACE_JOB
+    from ray._raylet import GcsClient
+    from ray.dashboard.modules.job.common import JobInfoStorageClient
+
+    gcs = GcsClient(address=address)
+    if request["op"] == "job_infos":
+        prefix = JobInfoStorageClient.JOB_DATA_KEY_PREFIX.encode()
+        keys = gcs.internal_kv_keys(prefix, KV_NAMESPACE_JOB, timeout=20)
+        values = gcs.internal_kv_multi_get(keys, KV_NAMESPACE_JOB, timeout=20) if keys else {}
+        return {k[len(prefix) :].decode(): json.loads(v) for k, v in values.items()}
+    if request["op"] == "packages":
+        out = {}
+        for uri in request["uris"]:
+            data = gcs.internal_kv_get(uri.encode(), None, timeout=60)
+            out[uri] = None if data is None else base64.b64encode(data).decode()
+        return out
+    raise ValueError(f"unknown op {request['op']!r}")
+
+
+if __name__ == "__main__":
+    json.dump(_serve(sys.argv[1], json.load(sys.stdin)), sys.stdout)

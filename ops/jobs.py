@@ -1,0 +1,143 @@
+"""Jobs and their owners: who runs what on a cluster, and a faithful backup of each job.
+
+Owner, in order: job metadata `user`; else `<user>` of a `ray-run-<user>-...` submission id (as the
+operators' `ray_run.py` writes them); else unknown (`raysubmit_*`). The values of `runtime_env`
+env_vars are secrets to us: `public_runtime_env` is the only form that may be shown anywhere.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ops.ray_api import PROBE_PREFIX, RayApi
+
+ACTIVE = ("PENDING", "RUNNING")
+_RAY_RUN = re.compile(r"^ray-run-([A-Za-z0-9_.]+)-")
+REDACTED = "<redacted>"
+
+
+def owner_of(submission_id: str | None, metadata: dict[str, str] | None) -> tuple[str | None, str]:
+    """(owner, how we know): ("alice", "metadata"), ("bob", "submission id") or (None, "unknown")."""
+    user = (metadata or {}).get("user")
+    if user:
+        return user, "metadata"
+    m = _RAY_RUN.match(submission_id or "")
+    if m:
+        return m.group(1), "submission id"
+    return None, "unknown"
+
+
+def public_runtime_env(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
+    """The runtime_env with every env_vars value replaced: safe for text, JSON and chat."""
+    env = dict(runtime_env or {})
+    if isinstance(env.get("env_vars"), dict):
+        env["env_vars"] = dict.fromkeys(env["env_vars"], REDACTED)
+    return env
+
+
+class Job(BaseModel):
+    """A running or pending job as people see it."""
+
+    submission_id: str
+    status: str
+    owner: str | None
+    owner_source: Literal["metadata", "submission id", "unknown"]
+    entrypoint: str
+    start_time: float | None = None  # seconds since the epoch
+    runtime_env: dict[str, Any] = Field(default_factory=dict)  # always the public form
+
+    @property
+    def owner_label(self) -> str:
+        return self.owner or "unknown"
+
+    def age_s(self, now: float | None = None) -> float | None:
+        return None if self.start_time is None else max(0.0, (now or time.time()) - self.start_time)
+
+
+def active_jobs(api: RayApi) -> list[Job]:
+    """Running and pending submitted jobs, oldest first (probes and finished jobs left out)."""
+    jobs = []
+    for d in api.list_jobs():
+        status = str(getattr(d.status, "value", d.status))
+        sid = d.submission_id
+        if sid is None or status not in ACTIVE or sid.startswith(PROBE_PREFIX):
+            continue
+        owner, source = owner_of(sid, d.metadata)
+        jobs.append(
+            Job(
+                submission_id=sid,
+                status=status,
+                owner=owner,
+                owner_source=source,
+                entrypoint=d.entrypoint,
+                start_time=d.start_time / 1000 if d.start_time else None,
+                runtime_env=public_runtime_env(d.runtime_env),
+            )
+        )
+    return sorted(jobs, key=lambda j: (j.start_time or 0, j.submission_id))
+
+
+class BackedUpJob(BaseModel):
+    """Everything needed to submit a job again, as written to the durable store before any stop.
+
+    `runtime_env` here is the full one (secrets included): it lives only in the store.
+    """
+
+    submission_id: str
+    status: str
+    owner: str | None
+    owner_source: str
+    entrypoint: str
+    metadata: dict[str, str] = Field(default_factory=dict)
+    runtime_env: dict[str, Any] = Field(default_factory=dict)
+    entrypoint_num_cpus: float | None = None
+    entrypoint_num_gpus: float | None = None
+    entrypoint_memory: int | None = None
+    entrypoint_resources: dict[str, float] | None = None
+    packages: dict[str, str] = Field(default_factory=dict)  # gcs:// uri -> store key of its bytes
+    not_preserved: list[str] = Field(default_factory=list)  # what this backup could not keep
+
+    def public(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"runtime_env"}) | {
+            "runtime_env": public_runtime_env(self.runtime_env)
+        }
+
+    def submit_kwargs(self, new_id: str, op_id: str) -> dict[str, Any]:
+        """Arguments for JobSubmissionClient.submit_job: same job, owner kept, link to the old id."""
+        metadata = dict(self.metadata)
+        if self.owner:
+            metadata["user"] = self.owner
+        metadata["clusterbot_resubmitted_from"] = self.submission_id
+        metadata["clusterbot_operation"] = op_id
+        kwargs: dict[str, Any] = {
+            "entrypoint": self.entrypoint,
+            "submission_id": new_id,
+            "metadata": metadata,
+            "runtime_env": self.runtime_env or None,
+        }
+        for name in ("entrypoint_num_cpus", "entrypoint_num_gpus", "entrypoint_memory"):
+            value = getattr(self, name)
+            if value:
+                kwargs[name] = value
+        if self.entrypoint_resources:
+            kwargs["entrypoint_resources"] = self.entrypoint_resources
+        return kwargs
+
+
+def package_uris(runtime_env: dict[str, Any]) -> list[str]:
+    """The `gcs://` packages a runtime_env points at: they live in the cluster's GCS and die with it."""
+    uris = [runtime_env.get("working_dir")] + list(runtime_env.get("py_modules") or [])
+    return [u for u in uris if isinstance(u, str) and u.startswith("gcs://")]
+
+
+_RESUBMIT_SUFFIX = re.compile(r"-r[0-9a-f]{6}$")
+
+
+def resubmitted_id(old_id: str, op_id: str) -> str:
+    """A deterministic new id per (job, operation): a retried submission is refused as a duplicate
+    by Ray instead of running twice. The suffix of an earlier restart is replaced, not stacked."""
+    return f"{_RESUBMIT_SUFFIX.sub('', old_id)}-r{op_id[-6:]}"

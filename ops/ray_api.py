@@ -1,0 +1,161 @@
+"""How we talk to one cluster's Ray: the dashboard's HTTP API with the cluster's token.
+
+The dashboard is the window on a remote cluster (jobs, nodes, autoscaler status). A faithful job
+backup needs two things the dashboard does not expose (FINDINGS): the entrypoint resources kept in
+the JobInfo in the GCS internal KV, and the bytes of `gcs://` working_dir packages. Those come from
+the GCS port when this machine can reach it (`cluster.gcs_address`); otherwise the backup says what
+it could not keep.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+from ops.errors import OpsError
+from ops.gcs_reader import read_gcs
+from ops.registry import Cluster
+
+HTTP_TIMEOUT_S = 10.0
+PROBE_PREFIX = "clusterbot-probe-"  # readiness probes: never shown as jobs
+
+
+class RayApi:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.url = cluster.dashboard_url.rstrip("/")
+        self._token = cluster.read_token()
+        self._jobs = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    # -- plain HTTP -----------------------------------------------------------------------------
+    def _get(self, path: str, timeout: float = HTTP_TIMEOUT_S) -> Any:
+        req = urllib.request.Request(self.url + path, headers=self.headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as e:
+            raise self._http_error(e.code, path) from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+            raise self._unreachable(e) from None
+
+    def _http_error(self, code: int, path: str) -> OpsError:
+        if code in (401, 403):
+            return OpsError(
+                f"the {self.cluster.name} dashboard refused our token (HTTP {code})",
+                "refresh this machine's copy of the cluster's Ray token",
+            )
+        return OpsError(f"the {self.cluster.name} dashboard answered HTTP {code} to {path}")
+
+    def _unreachable(self, e: BaseException) -> OpsError:
+        reason = getattr(e, "reason", e)
+        return OpsError(
+            f"cannot reach the {self.cluster.name} dashboard at {self.url}: {reason}",
+            "is the head up? `python -m ops status --cluster " + self.cluster.name + "`",
+        )
+
+    def reachable(self, timeout: float = 2.0) -> bool:
+        """Whether the dashboard answers (and accepts our token) right now."""
+        try:
+            self._get("/api/version", timeout=timeout)
+            return True
+        except OpsError:
+            return False
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Alive and dead nodes from the state API."""
+        got = self._get("/api/v0/nodes?limit=10000&detail=1")
+        return got.get("data", {}).get("result", {}).get("result", [])
+
+    # -- jobs -------------------------------------------------------------------------------------
+    @property
+    def jobs(self):  # noqa: ANN201 - ray.job_submission.JobSubmissionClient
+        if self._jobs is None:
+            from ray.job_submission import JobSubmissionClient
+
+            try:
+                self._jobs = JobSubmissionClient(self.url, headers=self.headers)
+            except Exception as e:  # ConnectionError, or Ray's own on 401/403
+                raise self._unreachable(e) from None
+        return self._jobs
+
+    def list_jobs(self) -> list[Any]:
+        try:
+            return self.jobs.list_jobs()
+        except OpsError:
+            raise
+        except Exception as e:
+            raise OpsError(f"cannot list jobs on {self.cluster.name}: {_short(e)}") from None
+
+    def submit(self, **kwargs: Any) -> str:
+        return self.jobs.submit_job(**kwargs)
+
+    def stop(self, submission_id: str) -> bool:
+        return self.jobs.stop_job(submission_id)
+
+    def status(self, submission_id: str) -> str | None:
+        try:
+            return str(self.jobs.get_job_status(submission_id).value)
+        except Exception:
+            return None
+
+    def upload_package(self, uri: str, data: bytes) -> None:
+        """Put a working_dir package back into the cluster's GCS through the dashboard."""
+        protocol, _, name = uri.partition("://")
+        r = self.jobs._do_request("PUT", f"/api/packages/{protocol}/{name}", data=data)
+        if r.status_code != 200:
+            raise OpsError(f"uploading package {uri} to {self.cluster.name} failed: HTTP {r.status_code}")
+
+    def wait_accepting(self, timeout: float) -> None:
+        """Wait until the job agent accepts submissions (the dashboard answers before it does)."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                probe = self.submit(entrypoint="true", submission_id=f"{PROBE_PREFIX}{uuid.uuid4().hex[:12]}")
+                self._delete_when_done(probe, deadline)
+                return
+            except Exception as e:
+                last = e
+                self._jobs = None
+                time.sleep(1.0)
+        raise OpsError(
+            f"{self.cluster.name} did not accept a job submission within {timeout:.0f}s: {_short(last)}"
+        )
+
+    def _delete_when_done(self, submission_id: str, deadline: float) -> None:
+        while time.monotonic() < min(deadline, time.monotonic() + 10):
+            if self.status(submission_id) in ("SUCCEEDED", "FAILED", "STOPPED"):
+                try:
+                    self.jobs.delete_job(submission_id)
+                except Exception:
+                    pass
+                return
+            time.sleep(0.2)
+
+    # -- what only the GCS has ----------------------------------------------------------------------
+    def job_infos(self) -> dict[str, dict[str, Any]] | None:
+        """JobInfo of every submitted job by submission id, from the GCS KV; None if unreachable."""
+        if self.cluster.gcs_address is None:
+            return None
+        return read_gcs(self.cluster.gcs_address, self._token, {"op": "job_infos"})
+
+    def packages(self, uris: list[str]) -> dict[str, bytes | None]:
+        """The bytes of `gcs://` packages (None for each the GCS lost); {} if the GCS is unreachable."""
+        if self.cluster.gcs_address is None or not uris:
+            return {}
+        got = read_gcs(self.cluster.gcs_address, self._token, {"op": "packages", "uris": uris})
+        return {uri: None if b64 is None else base64.b64decode(b64) for uri, b64 in got.items()}
+
+
+def _short(e: BaseException | None) -> str:
+    text = str(e or "unknown error").strip().splitlines()
+    return text[-1][:300] if text else type(e).__name__
