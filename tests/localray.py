@@ -1,0 +1,160 @@
+"""A real local Ray cluster for the tests, started once per session on ports of its own.
+
+The session gets its own CLUSTERBOT_HOME, store and registry (a copy of infra/clusters.yaml whose
+`local` cluster uses ports no default head uses), so the tests never meet a developer's own local
+cluster. Tests run `python -m ops` as a child process, as a user would, with `ops_env()`.
+Import the fixtures in a test module with `from tests.localray import local_cluster, ...  # noqa: F401`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from ops.registry import DEFAULT_REGISTRY, Cluster, load_registry
+
+TEST_PORTS = {
+    "gcs": 26379,
+    "dashboard": 28265,
+    "dashboard_agent_listen": 28266,
+    "dashboard_agent_grpc": 28267,
+    "metrics_export": 28268,
+    "runtime_env_agent": 28269,
+    "ray_client_server": 28270,
+    "min_worker": 21000,
+    "max_worker": 21999,
+}
+LEASE_S = 3.0
+
+
+class Env:
+    """The session's environment for `python -m ops` children."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        raw = yaml.safe_load(DEFAULT_REGISTRY.read_text())
+        raw["clusters"]["local"]["local_ports"] = TEST_PORTS
+        raw["clusters"]["local"]["dashboard_url"] = f"http://127.0.0.1:{TEST_PORTS['dashboard']}"
+        self.registry = home / "clusters.yaml"
+        self.registry.write_text(yaml.safe_dump(raw, sort_keys=False))
+        self.vars = {
+            "CLUSTERBOT_HOME": str(home),
+            "CLUSTERBOT_REGISTRY": str(self.registry),
+            "CLUSTERBOT_STORE": str(home / "store"),
+            "CLUSTERBOT_LEASE_S": str(LEASE_S),
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+
+    def ops(self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 240) -> Result:
+        """Run `python -m ops ARGS` and return its exit code, stdout and stderr."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "CLUSTERBOT_"))}
+        env.update(self.vars, **(extra_env or {}))
+        proc = subprocess.run(
+            [sys.executable, "-m", "ops", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+class Result:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+    def __repr__(self) -> str:
+        return f"exit {self.code}\n--- stdout\n{self.out}\n--- stderr\n{self.err}"
+
+
+@pytest.fixture(scope="session")
+def ops_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    env = Env(tmp_path_factory.mktemp("cbhome"))
+    saved = {k: os.environ.get(k) for k in env.vars}
+    os.environ.update(env.vars)  # for in-process library calls too
+    try:
+        yield env
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def local_cluster(ops_env: Env) -> Iterator[Cluster]:
+    """The session's local cluster, up; stopped at the end, and nothing of it may be left running."""
+    from ops.drivers.local import LocalDriver
+
+    cluster = load_registry(ops_env.registry).get("local")
+    driver = LocalDriver(cluster)
+    driver.start()
+    try:
+        yield cluster
+    finally:
+        driver.stop()
+        left = driver._our_processes()
+        assert not left, f"processes of the local cluster survived stop: {[p.pid for p in left]}"
+
+
+@pytest.fixture
+def cluster(local_cluster: Cluster) -> Iterator[Cluster]:
+    """The local cluster, up and accepting jobs, with no active job and no lock at the start of a test."""
+    from ops.drivers.local import LocalDriver
+    from ops.jobs import active_jobs
+    from ops.locks import force_unlock
+    from ops.ray_api import RayApi
+    from ops.store import open_store
+
+    force_unlock(open_store(), local_cluster.name)
+    driver = LocalDriver(local_cluster)
+    driver.start()
+    api = RayApi(local_cluster)
+    if active_jobs(api):
+        # Ray cannot stop a job still pending on resources (its stop queues behind the job's
+        # supervisor actor): a fresh head is the only clean slate.
+        driver.stop()
+        driver.start()
+        api = RayApi(local_cluster)
+    api.wait_accepting(90)
+    yield local_cluster
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:
+    """Poll `predicate` until it is truthy; fail the test after `timeout` seconds saying `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def ray_processes_with_marker(marker: str) -> list[int]:
+    out = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.environ().get("CLUSTERBOT_LOCAL_HEAD") == marker:
+                out.append(proc.pid)
+        except psutil.Error:
+            continue
+    return out
