@@ -12,7 +12,7 @@ from ops.locks import current_lock
 from ops.ray_api import RayApi
 from ops.registry import Cluster
 from ops.store import open_store
-from tests.localray import Env, cluster, local_cluster, ops_env, wait_for  # noqa: F401
+from tests.localray import Env, wait_for
 
 SECRET = "s3cr3t-value-never-shown"
 
@@ -161,7 +161,9 @@ def test_abandon_keeps_the_backups_and_frees_the_cluster(
 def test_preserve_jobs_0_starts_with_a_clean_slate(ops_env: Env, cluster: Cluster, tmp_path: Path) -> None:
     ids = stage_jobs(cluster, tmp_path)
 
-    r = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes", "--preserve-jobs", "0", "--json")
+    r = ops_env.ops(
+        "restart", "--cluster", "local", "--as", "alice", "--yes", "--preserve-jobs", "0", "--json"
+    )
 
     assert r.code == 0, r
     assert r.json()["resubmitted"] == []
