@@ -244,8 +244,9 @@ def cmd_submit(reg: Registry, args: argparse.Namespace, out: Out) -> int:
 
 def cmd_update_configs(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     from ops.configs import update_configs
+    from ops.registry import registry_path
 
-    result = update_configs(reg, check=args.check)
+    result = update_configs(reg, check=args.check, infra_dir=registry_path().parent)
     out.result(result, result.summary())
     return 0 if result.ok else 1
 

@@ -1,0 +1,127 @@
+"""The ops CLI as a user runs it: output, JSON, exit codes, bad input and refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ops.registry import REPO_ROOT, Cluster
+from ops.restart import Settings, start_restart
+from ops.store import open_store
+from tests.localray import Env
+
+
+def run_ops(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CLUSTERBOT_")} | env
+    return subprocess.run([sys.executable, "-m", "ops", *args], capture_output=True, text=True, env=full,
+                          stdin=subprocess.DEVNULL, timeout=120, cwd=REPO_ROOT)  # fmt: skip
+
+
+def test_unknown_cluster_is_one_line_naming_the_valid_ones(ops_env: Env) -> None:
+    r = ops_env.ops("jobs", "--cluster", "us-central3")
+    assert r.code == 2
+    assert r.err.strip().count("\n") == 0
+    assert "unknown cluster 'us-central3'" in r.err and "us-central2" in r.err and "big-run" in r.err
+
+
+def test_bad_flag_is_one_line_and_exit_2(ops_env: Env) -> None:
+    r = ops_env.ops("restart", "--cluster", "local", "--preserve-jobs", "maybe")
+    assert r.code == 2
+    assert r.err.strip().count("\n") == 0
+    assert "invalid choice" in r.err and "'1'" in r.err and "'0'" in r.err
+    r = ops_env.ops("frobnicate")
+    assert r.code == 2 and "invalid choice" in r.err and "restart" in r.err
+
+
+def test_json_errors_are_one_document(ops_env: Env) -> None:
+    r = ops_env.ops("jobs", "--cluster", "nope", "--json")
+    assert r.code == 2
+    assert json.loads(r.out)["exit_code"] == 2
+
+
+def test_clusters_lists_the_registry(ops_env: Env) -> None:
+    r = ops_env.ops("clusters", "--json")
+    assert r.code == 0
+    rows = {c["name"]: c for c in r.json()["clusters"]}
+    assert set(rows) == {"us-central2", "us-west4", "eu-west4", "us-east5", "us-east1", "us-central1",
+                         "big-run", "local"}  # fmt: skip
+    assert rows["big-run"]["protected"] and rows["eu-west4"]["zone"].startswith("europe-west4")
+    text = ops_env.ops("clusters")
+    assert "marin-us-central2" in text.out and "protected" in text.out
+
+
+def test_protected_cluster_refuses_without_override(ops_env: Env) -> None:
+    r = ops_env.ops("restart", "--cluster", "big-run", "--yes")
+    assert r.code == 3 and "protected" in r.err and "--override-protected" in r.err
+    # With the override the protection no longer refuses; the dry run then looks at the (absent) head.
+    r = ops_env.ops("restart", "--cluster", "big-run", "--override-protected", "--dry-run")
+    assert r.code == 0, r
+    assert "head does not answer" in r.out
+
+
+def test_submit_jobs_and_status_show_owners_and_hide_secrets(ops_env: Env, cluster: Cluster) -> None:
+    r = ops_env.ops("submit", "--cluster", "local", "--as", "dora", "--", "sleep", "600")
+    assert r.code == 0, r
+    sid = r.out.split()[1]
+    from ops.ray_api import RayApi
+
+    RayApi(cluster).submit(entrypoint="sleep 601", metadata={"user": "erin"},
+                           runtime_env={"env_vars": {"HF_TOKEN": "hf_do_not_show"}})  # fmt: skip
+
+    jobs = ops_env.ops("jobs", "--cluster", "local", "--json")
+    assert jobs.code == 0
+    by_owner = {j["owner"]: j for j in jobs.json()["jobs"]}
+    assert by_owner["dora"]["submission_id"] == sid
+    assert by_owner["erin"]["runtime_env"]["env_vars"] == {"HF_TOKEN": "<redacted>"}
+    assert "hf_do_not_show" not in jobs.out
+    text = ops_env.ops("jobs", "--cluster", "local")
+    assert "dora" in text.out and "sleep 600" in text.out and "hf_do_not_show" not in text.out
+
+    status = ops_env.ops("status", "--cluster", "local", "--json")
+    assert status.code == 0, status
+    s = status.json()
+    assert s["head_up"] is True
+    assert s["jobs_by_owner"]["dora"] == 1 and s["jobs_by_owner"]["erin"] == 1
+    assert s["operation"] is None
+    assert "hf_do_not_show" not in status.out
+
+
+def test_status_shows_an_operation_in_progress(ops_env: Env, cluster: Cluster) -> None:
+    run = start_restart(open_store(), cluster, "frank", True, Settings(lease_s=60))
+    try:
+        r = ops_env.ops("status", "--cluster", "local")
+        assert r.code == 0
+        assert f"restart {run.record.op_id} by frank" in r.out
+    finally:
+        run.lease.release()
+
+
+def test_local_up_is_idempotent(ops_env: Env, cluster: Cluster) -> None:
+    r = ops_env.ops("local", "up")
+    assert r.code == 0 and "already up" in r.out
+    r = ops_env.ops("local", "status", "--json")
+    assert r.json()["up"] is True
+    r = ops_env.ops("local", "up", "--cluster", "us-central2")
+    assert r.code == 2 and "not a local cluster" in r.err
+
+
+def test_update_configs_check_fails_on_drift_and_regenerating_fixes_it(tmp_path: Path) -> None:
+    infra = tmp_path / "infra"
+    shutil.copytree(REPO_ROOT / "infra", infra)
+    env = {"CLUSTERBOT_REGISTRY": str(infra / "clusters.yaml"), "CLUSTERBOT_HOME": str(tmp_path)}
+    assert run_ops("update-configs", "--check", env=env).returncode == 0
+
+    edited = infra / "us-east5.yaml"
+    edited.write_text(edited.read_text().replace("max_workers: 1024", "max_workers: 12", 1))
+    before = edited.read_text()
+    r = run_ops("update-configs", "--check", env=env)
+    assert r.returncode == 1, r
+    assert "us-east5.yaml" in r.stdout and "max_workers: 12" in r.stdout
+    assert edited.read_text() == before  # --check writes nothing
+
+    assert run_ops("update-configs", env=env).returncode == 0
+    assert run_ops("update-configs", "--check", env=env).returncode == 0
