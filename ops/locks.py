@@ -34,6 +34,7 @@ class LockRecord(BaseModel):
     heartbeat_at: datetime
     lease_s: float
     released: bool = False
+    holder: str | None = None  # a long-lived holder (the bot) that may take its own locks back at once
 
     def expired(self, at: datetime | None = None) -> bool:
         return (at or now()) > self.heartbeat_at + timedelta(seconds=self.lease_s)
@@ -73,7 +74,7 @@ class Lease:
                 raise Refused(f"lost the lock on {self.record.cluster}")
             if self.record.released:
                 raise Refused(f"the lock on {self.record.cluster} was already released")
-            record = self.record.model_copy(update={**update, "heartbeat_at": now()})
+            record = self.record.model_copy(update={"heartbeat_at": now(), **update})
             try:
                 self._version = self._store.replace(_key(record.cluster), dump(record), self._version)
             except Conflict:
@@ -86,6 +87,11 @@ class Lease:
 
     def renew(self) -> None:
         self._write()
+
+    def expire(self) -> None:
+        """Keep the lock but end the lease now, so a failed operation can be resumed at once."""
+        self.stop_renewing()
+        self._write(heartbeat_at=now() - timedelta(seconds=self.record.lease_s + 1))
 
     def release(self) -> None:
         self.stop_renewing()
@@ -118,7 +124,9 @@ class Lease:
             self._thread.join(timeout=10)
 
 
-def acquire(store: Store, cluster: str, op_id: str, kind: str, owner: str, lease_s: float) -> Lease:
+def acquire(
+    store: Store, cluster: str, op_id: str, kind: str, owner: str, lease_s: float, holder: str | None = None
+) -> Lease:
     """Take the free lock on `cluster` for a new operation; Refused says who holds it and since when."""
     t = now()
     record = LockRecord(
@@ -131,6 +139,7 @@ def acquire(store: Store, cluster: str, op_id: str, kind: str, owner: str, lease
         acquired_at=t,
         heartbeat_at=t,
         lease_s=lease_s,
+        holder=holder,
     )
     got = read_model(store, _key(cluster), LockRecord)
     try:
@@ -148,13 +157,16 @@ def acquire(store: Store, cluster: str, op_id: str, kind: str, owner: str, lease
     return Lease(store, record, version)
 
 
-def take_over(store: Store, cluster: str, op_id: str, owner: str, lease_s: float) -> Lease:
-    """Continue operation `op_id` whose holder stopped renewing; refused while its lease is alive."""
+def take_over(
+    store: Store, cluster: str, op_id: str, owner: str, lease_s: float, holder: str | None = None
+) -> Lease:
+    """Continue operation `op_id` whose holder stopped renewing; refused while its lease is alive,
+    unless `holder` names the same long-lived holder (the bot, restarted) that took the lock."""
     got = read_model(store, _key(cluster), LockRecord)
     if got is None or got[0].released or got[0].op_id != op_id:
         raise Refused(f"operation {op_id} does not hold the lock on {cluster}")
     old, version = got
-    if not old.expired():
+    if not old.expired() and not (holder is not None and old.holder == holder):
         left = (old.heartbeat_at + timedelta(seconds=old.lease_s) - now()).total_seconds()
         raise Refused(
             f"{_held_message(old)} is still alive (pid {old.pid} on {old.host})",

@@ -19,7 +19,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -273,8 +273,7 @@ class RestartRun:
             self._save(error=reason)
             journal.append(self.store, self.record.scope, "failed", at_step=self.record.step.value,
                            error=reason)  # fmt: skip
-            expired = datetime.now(UTC) - timedelta(seconds=self.lease.record.lease_s + 1)
-            self.lease._write(self.lease.record.model_copy(update={"heartbeat_at": expired}))
+            self.lease.expire()
         except Exception:
             pass  # the lease then expires on its own
 
@@ -448,9 +447,13 @@ class RestartRun:
 
 
 def _fault_point(name: str) -> None:
-    """Test fault injection: CLUSTERBOT_FAULT=<name> kills this process here, like a crash would."""
-    if os.environ.get("CLUSTERBOT_FAULT") == name:
+    """Test fault injection: CLUSTERBOT_FAULT=<name> kills this process here, like a crash would;
+    CLUSTERBOT_FAULT=fail:<name> fails the step here, like an error would."""
+    fault = os.environ.get("CLUSTERBOT_FAULT")
+    if fault == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if fault == f"fail:{name}":
+        raise OpsError(f"injected failure at {name}")
 
 
 def start_restart(

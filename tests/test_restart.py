@@ -204,3 +204,19 @@ def test_dry_run_shows_the_plan_and_changes_nothing(ops_env: Env, cluster: Clust
     assert "dry run" in r.out
     assert {j.submission_id for j in active_jobs(RayApi(cluster))} == set(ids.values())
     assert SECRET not in r.out + r.err
+
+
+def test_a_failed_restart_can_be_resumed_at_once(ops_env: Env, cluster: Cluster, tmp_path: Path) -> None:
+    ids = stage_jobs(cluster, tmp_path)
+
+    failed = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes",
+                         extra_env={"CLUSTERBOT_FAULT": "fail:after:cluster_stopped"})  # fmt: skip
+    assert failed.code == 1, failed
+    assert "injected failure at after:cluster_stopped" in failed.err
+    held = current_lock(open_store(), "local")
+    assert held is not None and held.expired()  # kept, but resumable without waiting for the lease
+
+    resumed = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--resume", "--json")
+
+    assert resumed.code == 0, resumed
+    check_survived(cluster, ids)
