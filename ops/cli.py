@@ -12,18 +12,17 @@ import getpass
 import json
 import os
 import sys
-import time
 import traceback
-from collections import Counter
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from pydantic import BaseModel
 
 from ops.errors import BadInput, ExitCode, OpsError, Refused
-from ops.jobs import Job, active_jobs
-from ops.locks import current_lock
-from ops.registry import Cluster, Registry, load_registry
+from ops.jobs import active_jobs
+from ops.registry import Registry, load_registry
+from ops.render import render_jobs, render_plan, render_restart, render_status
+from ops.status import cluster_status
 from ops.store import open_store
 
 
@@ -52,34 +51,6 @@ class Out:
 
 
 # -- rendering -------------------------------------------------------------------------------------
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-def render_jobs(jobs: list[Job]) -> str:
-    if not jobs:
-        return "no running or pending jobs"
-    now = time.time()
-    rows = [("OWNER", "STATUS", "AGE", "SUBMISSION ID", "ENTRYPOINT")]
-    for j in jobs:
-        owner = j.owner_label + ("" if j.owner_source == "metadata" else f" ({j.owner_source})")
-        entry = j.entrypoint if len(j.entrypoint) <= 60 else j.entrypoint[:57] + "..."
-        rows.append((owner, j.status, _age(j.age_s(now)), j.submission_id, entry))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
-                     for r in rows)  # fmt: skip
-
-
-def owners_line(jobs: list[Job]) -> str:
-    counts = Counter(j.owner_label for j in jobs)
-    return ", ".join(f"{o}: {n}" for o, n in counts.most_common()) or "none"
-
-
 # -- commands ---------------------------------------------------------------------------------------
 class ClusterRow(BaseModel):
     name: str
@@ -123,79 +94,10 @@ def cmd_jobs(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-class StatusReport(BaseModel):
-    cluster: str
-    head_up: bool
-    workers: dict[str, int]  # alive workers by type
-    dead_workers: int
-    min_workers: int
-    max_workers: int
-    jobs: list[Job]
-    jobs_by_owner: dict[str, int]
-    operation: str | None
-
-
-def _worker_type(node: dict[str, Any]) -> str:
-    for res in node.get("resources_total") or {}:
-        if res.startswith("TPU-") and res.endswith("-head"):
-            return res.removeprefix("TPU-").removesuffix("-head")
-    return "cpu"
-
-
-def cluster_status(cluster: Cluster) -> StatusReport:
-    from ops.ray_api import RayApi
-
-    api = RayApi(cluster)
-    up = api.reachable()
-    workers: Counter[str] = Counter()
-    dead = 0
-    jobs: list[Job] = []
-    if up:
-        for node in api.nodes():
-            if node.get("is_head_node"):
-                continue
-            if node.get("state") == "ALIVE":
-                workers[_worker_type(node)] += 1
-            else:
-                dead += 1
-        jobs = active_jobs(api)
-    held = current_lock(open_store(), cluster.name)
-    return StatusReport(
-        cluster=cluster.name,
-        head_up=up,
-        workers=dict(workers),
-        dead_workers=dead,
-        min_workers=cluster.min_workers,
-        max_workers=cluster.max_workers,
-        jobs=jobs,
-        jobs_by_owner=dict(Counter(j.owner_label for j in jobs)),
-        operation=held.describe() + (" (stalled: its lease expired)" if held.expired() else "")
-        if held
-        else None,
-    )
-
-
-def render_status(s: StatusReport) -> str:
-    if not s.head_up:
-        head = "head: DOWN (the dashboard does not answer)"
-    else:
-        head = "head: up"
-    alive = sum(s.workers.values())
-    by_type = ", ".join(f"{t}: {n}" for t, n in sorted(s.workers.items())) or "none"
-    lines = [
-        f"{s.cluster}  {head}",
-        f"workers: {alive} alive ({by_type}), min {s.min_workers}, max {s.max_workers}"
-        + (f", {s.dead_workers} dead" if s.dead_workers else ""),
-        f"jobs: {sum(1 for j in s.jobs if j.status == 'RUNNING')} running, "
-        f"{sum(1 for j in s.jobs if j.status == 'PENDING')} pending; by owner: {owners_line(s.jobs)}",
-        f"operation in progress: {s.operation or 'none'}",
-    ]
-    return "\n".join(lines)
-
-
 def cmd_status(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     names = [args.cluster] if args.cluster else list(reg.clusters)
-    reports = [cluster_status(reg.get(n)) for n in names]
+    store = open_store()
+    reports = [cluster_status(reg.get(n), store) for n in names]
     if len(reports) == 1:
         out.result(reports[0], render_status(reports[0]))
     else:
@@ -276,35 +178,6 @@ def _confirm(question: str) -> bool:
         return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
     except EOFError:
         return False
-
-
-def render_plan(plan: Any) -> str:
-    lines = [
-        f"restart {plan.cluster}, asked by {plan.caller}; jobs "
-        + ("backed up and resubmitted" if plan.preserve_jobs else "stopped and NOT resubmitted"),
-        f"{len(plan.jobs)} running or pending job(s) will be stopped; by owner: {owners_line(plan.jobs)}",
-    ]
-    if plan.jobs:
-        lines.append(render_jobs(plan.jobs))
-    if plan.preserve_jobs and plan.jobs:
-        lines.append(f"each will be resubmitted once after the restart, owner kept ({len(plan.jobs)} job(s))")
-    lines += [f"note: {n}" for n in plan.notes]
-    return "\n".join(lines)
-
-
-def render_restart(r: Any) -> str:
-    lines = [f"restart {r.op_id} of {r.cluster}: {r.step.value} in {r.total_s:.1f}s"]
-    phases = ", ".join(f"{k} {v:.1f}s" for k, v in r.durations.items())
-    if phases:
-        lines.append(f"phases: {phases}")
-    ok = [x for x in r.resubmitted if x.status == "submitted"]
-    if r.preserve_jobs:
-        lines.append(f"resubmitted {len(ok)}/{len(r.resubmitted)} job(s):")
-    lines += [f"  {x.owner or 'unknown'}: {x.old_id} -> {x.new_id}" for x in ok]
-    lines += [f"  FAILED {x.owner or 'unknown'}: {x.old_id}: {x.error}" for x in r.resubmitted
-              if x.status != "submitted"]  # fmt: skip
-    lines += [f"not preserved: {n}" for n in r.not_preserved]
-    return "\n".join(lines)
 
 
 def cmd_restart(reg: Registry, args: argparse.Namespace, out: Out) -> int:

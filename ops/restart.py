@@ -126,6 +126,11 @@ def _record_key(cluster: str, op_id: str) -> str:
     return f"operations/{cluster}/{op_id}/record.json"
 
 
+def find_record(store: Store, cluster: str, op_id: str) -> RestartRecord | None:
+    got = read_model(store, _record_key(cluster, op_id), RestartRecord)
+    return None if got is None else got[0]
+
+
 def load_record(store: Store, cluster: str, op_id: str) -> tuple[RestartRecord, str]:
     got = read_model(store, _record_key(cluster, op_id), RestartRecord)
     if got is None:
@@ -463,12 +468,14 @@ def start_restart(
     preserve_jobs: bool,
     settings: Settings | None = None,
     progress: Progress = lambda _: None,
-    op_id: str | None = None,
+    lease: Lease | None = None,
 ) -> RestartRun:
-    """Take the cluster's lock and create the operation record; `.run()` then executes it."""
+    """Take the cluster's lock (or use `lease`, held since the bot announced the restart) and create
+    the operation record; `.run()` then executes it."""
     settings = settings or Settings()
-    op_id = op_id or new_op_id(cluster.name)
-    lease = acquire(store, cluster.name, op_id, "restart", caller, settings.lease_s)
+    if lease is None:
+        lease = acquire(store, cluster.name, new_op_id(cluster.name), "restart", caller, settings.lease_s)
+    op_id = lease.record.op_id
     record = RestartRecord(
         op_id=op_id,
         cluster=cluster.name,
@@ -491,13 +498,20 @@ def resume_restart(
     caller: str,
     settings: Settings | None = None,
     progress: Progress = lambda _: None,
+    holder: str | None = None,
 ) -> RestartRun:
-    """Continue the unfinished restart of `cluster` whose process died (its lease expired)."""
+    """Continue the unfinished restart of `cluster` whose process died (its lease expired, or it was
+    the same `holder`, e.g. the bot restarted)."""
     settings = settings or Settings()
     held = current_lock(store, cluster.name)
     if held is None or held.kind != "restart":
         raise Refused(f"there is no unfinished restart on {cluster.name} to resume")
-    lease = take_over(store, cluster.name, held.op_id, caller, settings.lease_s)
+    if read_model(store, _record_key(cluster.name, held.op_id), RestartRecord) is None:
+        raise Refused(
+            f"{held.describe()} has not started executing (it waits for consent in chat)",
+            "cancel it in chat, or an admin force-unlocks the cluster",
+        )
+    lease = take_over(store, cluster.name, held.op_id, caller, settings.lease_s, holder=holder)
     record, version = load_record(store, cluster.name, held.op_id)
     run = RestartRun(store, cluster, lease, record, version, settings, progress)
     run._save(resumed_by=record.resumed_by + [caller], error=None)

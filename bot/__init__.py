@@ -1,0 +1,1 @@
+"""clusterbot's chat side: the shared-cluster protocol engine and its chat adapters (Discord, terminal)."""

@@ -1,0 +1,39 @@
+"""The tests' chat: records every message posted and every edit, nothing else."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime
+
+from bot.protocol.model import Message
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.posts: dict[str, Message] = {}  # message id -> current content
+        self.log: list[tuple[str, str, Message]] = []  # ("post" | "edit", message id, content)
+        self._ids = itertools.count(1)
+
+    def mention(self, chat_id: str) -> str:
+        return f"@{chat_id}"
+
+    def when(self, at: datetime | None) -> str:
+        return "-" if at is None else f"{at:%H:%M:%S} UTC"
+
+    async def post(self, message: Message) -> str:
+        mid = str(next(self._ids))
+        self.posts[mid] = message
+        self.log.append(("post", mid, message))
+        return mid
+
+    async def edit(self, message_id: str, message: Message) -> None:
+        if message_id not in self.posts:
+            raise KeyError(f"edit of unknown message {message_id}")
+        self.posts[message_id] = message
+        self.log.append(("edit", message_id, message))
+
+    def text(self, message_id: str) -> str:
+        return self.posts[message_id].text
+
+    def new_posts(self) -> list[Message]:
+        return [m for kind, _, m in self.log if kind == "post"]

@@ -1,0 +1,493 @@
+"""The engine: every operation that can hurt other people goes through here, step by visible step.
+
+request -> validate -> lock -> look at the jobs -> announce -> consent -> grace -> execute -> report.
+All state lives in the store (the CLI's store, lock and journal), so a bot killed at any step picks
+its operations up again on start, with the consent window extended by the time it was down. The
+engine runs on one asyncio loop; store and ops calls go to threads so the loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel
+
+from bot.config import BotConfig
+from bot.protocol import rules
+from bot.protocol.model import TERMINAL, Affected, Message, Operation, Reply, State, User
+from ops import journal
+from ops.errors import OpsError
+from ops.locks import Lease, acquire, current_lock, force_unlock, take_over
+from ops.registry import Cluster, Registry
+from ops.restart import Settings as RestartSettings
+from ops.store import Conflict, Store, dump, read_model
+
+log = logging.getLogger("clusterbot")
+HOLDER = "clusterbot-bot"
+ALIVE_KEY = "bot/alive.json"
+
+
+class _Alive(BaseModel):
+    at: datetime
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Chat(Protocol):
+    """What the engine needs from a chat: post and edit messages in #infra, mention people."""
+
+    def mention(self, chat_id: str) -> str: ...
+    def when(self, at: datetime | None) -> str: ...
+    async def post(self, message: Message) -> str: ...
+    async def edit(self, message_id: str, message: Message) -> None: ...
+
+
+@dataclass
+class Outcome:
+    text: str
+    owners: list[str]  # Ray job owners to notify
+
+
+@dataclass
+class Spec:
+    """One kind of operation: its ceremony, how to look before acting, and its ops call.
+
+    `look` and `execute` are sync (they call ops) and run in a thread. `look` returns the jobs the
+    operation would affect; `execute` runs it holding `lease` and reports progress lines."""
+
+    kind: str
+    ceremony: Literal["full", "announce"]
+    look: Callable[[Engine, Cluster, User, dict[str, Any]], list[Any]]
+    execute: Callable[[Engine, Operation, Lease | None, Callable[[str], None]], Outcome]
+
+
+class Engine:
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        config: BotConfig,
+        chat: Chat,
+        specs: dict[str, Spec],
+        owner_to_chat: Callable[[str], str | None] | None = None,
+        restart_settings: RestartSettings | None = None,
+        holder: str = HOLDER,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.config = config
+        self.windows = config.windows
+        self.chat = chat
+        self.specs = specs
+        self.owner_to_chat = owner_to_chat or config.owners.get
+        self.restart_settings = restart_settings or RestartSettings()
+        self.holder = holder
+        self.ops: dict[str, Operation] = {}
+        self._versions: dict[str, str] = {}
+        self._leases: dict[str, Lease] = {}
+        self._mutex: dict[str, asyncio.Lock] = {}
+        self._shown: dict[str, str] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._ticker: asyncio.Task | None = None
+        self._last_alive = 0.0
+
+    # -- life cycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load persisted operations and continue them; then check deadlines every tick."""
+        await self._resume()
+        self._ticker = asyncio.create_task(self._tick_loop(), name="clusterbot-ticker")
+
+    async def close(self) -> None:
+        """Stop ticking. Open operations stay persisted (and locked) for the next start."""
+        if self._ticker:
+            self._ticker.cancel()
+            await asyncio.gather(self._ticker, return_exceptions=True)
+        for lease in self._leases.values():
+            lease.stop_renewing()
+
+    async def wait_executing(self, timeout: float) -> None:
+        """Wait (bounded) until no operation is executing: the terminal chat's end of script."""
+        deadline = time.monotonic() + timeout
+        while any(op.state == State.EXECUTING for op in self.ops.values()) or self._tasks:
+            if time.monotonic() > deadline:
+                raise TimeoutError("an operation is still executing")
+            await asyncio.sleep(0.2)
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def is_admin(self, user: User) -> bool:
+        r = self.config.rights
+        return user.id in r.admins or user.name in r.admins or bool(set(user.roles) & set(r.admin_roles))
+
+    def _allowed(self, user: User, kind: str, cluster: str) -> str | None:
+        if self.is_admin(user):
+            return None
+        r = self.config.rights
+        for scope, roles in (("command", r.commands.get(kind)), ("cluster", r.clusters.get(cluster))):
+            if roles is not None and "*" not in roles and not set(user.roles) & set(roles):
+                where = f"/{kind}" if scope == "command" else f"on {cluster}"
+                return f"you may not {kind} {where}: it needs one of the roles {', '.join(roles)}"
+        return None
+
+    def _lock(self, op_id: str) -> asyncio.Lock:
+        return self._mutex.setdefault(op_id, asyncio.Lock())
+
+    async def _save(self, op: Operation) -> None:
+        key = f"bot/ops/{op.op_id}.json"
+        version = self._versions.get(op.op_id)
+        try:
+            if version is None:
+                self._versions[op.op_id] = await asyncio.to_thread(self.store.create, key, dump(op))
+            else:
+                self._versions[op.op_id] = await asyncio.to_thread(self.store.replace, key, dump(op), version)
+        except Conflict:  # written by an earlier life of this bot: take the newest and overwrite
+            got = await asyncio.to_thread(self.store.read, key)
+            self._versions[op.op_id] = await asyncio.to_thread(
+                self.store.replace, key, dump(op), got.version if got else ""
+            )
+        self.ops[op.op_id] = op
+
+    async def _journal(self, op: Operation, event: str, **data: Any) -> None:
+        await asyncio.to_thread(journal.append, self.store, f"bot/journal/{op.op_id}", event, **data)
+
+    def _message(self, op: Operation, mentions: list[str] | None = None) -> Message:
+        text = rules.render(op, utcnow(), self.chat.mention, self.chat.when)
+        return Message(text, rules.buttons(op, self.windows), mentions or [])
+
+    async def _show(self, op: Operation) -> None:
+        """Edit the operation's message if what it shows changed."""
+        if op.message_id is None:
+            return
+        message = self._message(op)
+        shown = message.text + "|" + ",".join(b.action for b in message.buttons)
+        if self._shown.get(op.op_id) == shown:
+            return
+        self._shown[op.op_id] = shown
+        try:
+            await self.chat.edit(op.message_id, message)
+        except Exception:
+            log.exception("could not edit the message of %s", op.op_id)
+
+    async def _end(self, op: Operation, state: State, event: str, **data: Any) -> None:
+        """Finish an operation that never executed: persist, release its lock, show it."""
+        op.state = state
+        await self._save(op)
+        await self._journal(op, event, **data)
+        lease = self._leases.pop(op.op_id, None)
+        if lease is not None:
+            await asyncio.to_thread(lease.release)
+        await self._show(op)
+
+    # -- requests ---------------------------------------------------------------------------------
+    async def request(
+        self, user: User, kind: str, cluster_name: str, params: dict[str, Any] | None = None
+    ) -> Reply:
+        """Someone asks for an operation. Bad input and refusals are answered to them alone."""
+        params = dict(params or {})
+        spec = self.specs.get(kind)
+        if spec is None:
+            return Reply(f"unknown operation {kind!r}; valid: {', '.join(self.specs)}", ok=False)
+        if cluster_name not in self.registry.clusters:
+            return Reply(
+                f"unknown cluster {cluster_name!r}; valid: {', '.join(self.registry.clusters)}", ok=False
+            )
+        cluster = self.registry.clusters[cluster_name]
+        if params.get("override") and not self.is_admin(user):
+            return Reply("override is for admins", ok=False)
+        if cluster.protected and not params.get("override"):
+            return Reply(
+                f"{cluster.name} is protected: only read-only commands, unless an admin passes override",
+                ok=False,
+            )
+        refused = self._allowed(user, kind, cluster.name)
+        if refused:
+            return Reply(refused, ok=False)
+        held = await asyncio.to_thread(current_lock, self.store, cluster.name)
+        if held is not None:
+            return Reply(f"{cluster.name} is busy: {held.describe()}", ok=False)
+        try:
+            jobs = await asyncio.to_thread(spec.look, self, cluster, user, params)
+            from ops.restart import new_op_id
+
+            op_id = new_op_id(cluster.name)
+            lease = await asyncio.to_thread(
+                acquire,
+                self.store,
+                cluster.name,
+                op_id,
+                kind,
+                user.name,
+                self.restart_settings.lease_s,
+                self.holder,
+            )
+        except OpsError as e:
+            return Reply(str(e), ok=False)
+        self._leases[op_id] = lease
+        lease.start_renewing()
+        now = utcnow()
+        op = Operation(
+            op_id=op_id,
+            kind=kind,
+            cluster=cluster.name,
+            requester=user,
+            params=params,
+            created_at=now,
+            confirm_deadline=now + timedelta(seconds=self.windows.confirm_s),
+            consent_deadline=now + timedelta(seconds=self.windows.consent_s),
+            jobs_total=len(jobs),
+        )
+        for job in jobs:
+            chat_id = self.owner_to_chat(job.owner) if job.owner else None
+            if chat_id == user.id:
+                continue
+            if chat_id is None:
+                op.unreachable_jobs += 1
+                if job.owner_label not in op.unreachable_owners:
+                    op.unreachable_owners.append(job.owner_label)
+                continue
+            entry = op.affected.setdefault(chat_id, Affected(chat_id=chat_id, owners=[], jobs=0))
+            entry.jobs += 1
+            if job.owner not in entry.owners:
+                entry.owners.append(job.owner)
+        if spec.ceremony == "announce":
+            op.confirmed = True
+            op.state = State.EXECUTING
+        await self._save(op)
+        await self._journal(op, "announced", by=user.name, params=params, jobs=len(jobs),
+                            affected=list(op.affected), unreachable=op.unreachable_jobs)  # fmt: skip
+        op.message_id = await self.chat.post(self._message(op, mentions=list(op.affected)))
+        await self._save(op)
+        if spec.ceremony == "announce":
+            self._spawn(self._execute(op))
+            return Reply(f"{rules.describe(op)} announced and started (`{op_id}`)")
+        return Reply(f"announced `{op_id}` in #infra: Confirm there to go ahead", ok=True)
+
+    async def act(self, user: User, op_id: str, action: str, arg: str = "") -> Reply:
+        """A button click (or its terminal word) on an operation."""
+        if op_id not in self.ops:
+            return Reply(f"no operation {op_id}", ok=False)
+        async with self._lock(op_id):
+            op = self.ops[op_id]
+            refused = rules.refusal(op, user, action, self.is_admin(user))
+            if refused:
+                return Reply(refused, ok=False)
+            new, text = rules.apply(op, user, action, arg, utcnow(), self.windows)
+            if new == op:
+                return Reply(text)
+            if new.state == State.CANCELLED:
+                await self._end(new, State.CANCELLED, "cancelled", by=user.name, during=op.state.value)
+                return Reply(text)
+            await self._save(new)
+            await self._journal(new, action, by=user.name, arg=arg)
+            await self._advance(new)
+            await self._show(self.ops[op_id])
+            return Reply(text)
+
+    async def cancel(self, user: User, op_id: str | None = None) -> Reply:
+        """/cancel: the given operation, or the caller's newest open one."""
+        if op_id is None:
+            mine = [o for o in self.ops.values() if o.open and o.requester.id == user.id]
+            if not mine:
+                return Reply("you have no open operation to cancel", ok=False)
+            op_id = max(mine, key=lambda o: o.created_at).op_id
+        return await self.act(user, op_id, "cancel")
+
+    def newest_for(self, user: User, action: str) -> Operation | None:
+        """The newest open operation on which `user` may do `action` (the terminal's default)."""
+        for op in sorted(self.ops.values(), key=lambda o: o.created_at, reverse=True):
+            if op.open and rules.refusal(op, user, action, self.is_admin(user)) is None:
+                return op
+        return None
+
+    async def unlock(self, user: User, cluster_name: str) -> Reply:
+        """Admin force-unlock: whatever holds the cluster lets go; its open operation is cancelled."""
+        if not self.is_admin(user):
+            return Reply("only an admin can force-unlock a cluster", ok=False)
+        if cluster_name not in self.registry.clusters:
+            return Reply(
+                f"unknown cluster {cluster_name!r}; valid: {', '.join(self.registry.clusters)}", ok=False
+            )
+        released = await asyncio.to_thread(force_unlock, self.store, cluster_name)
+        for op in list(self.ops.values()):
+            if op.cluster == cluster_name and op.open and op.state != State.EXECUTING:
+                async with self._lock(op.op_id):
+                    lease = self._leases.pop(op.op_id, None)
+                    if lease is not None:
+                        lease.stop_renewing()
+                    op = op.model_copy(update={"cancelled_by": f"{user.name} (force-unlock)"})
+                    await self._end(op, State.CANCELLED, "force_unlocked", by=user.name)
+        if released is None:
+            return Reply(f"{cluster_name} was not locked", ephemeral=False)
+        return Reply(
+            f"{user.name} force-unlocked {cluster_name} (was: {released.describe()})", ephemeral=False
+        )
+
+    # -- read-only ------------------------------------------------------------------------------------
+    async def status(self, cluster_name: str | None = None) -> Reply:
+        from ops.render import render_status
+        from ops.status import cluster_status
+
+        names = [cluster_name] if cluster_name else list(self.registry.clusters)
+        bad = [n for n in names if n not in self.registry.clusters]
+        if bad:
+            return Reply(f"unknown cluster {bad[0]!r}; valid: {', '.join(self.registry.clusters)}", ok=False)
+        reports = await asyncio.gather(
+            *(asyncio.to_thread(cluster_status, self.registry.clusters[n], self.store) for n in names)
+        )
+        return Reply("\n\n".join(render_status(r) for r in reports), ephemeral=False)
+
+    async def jobs(self, cluster_name: str) -> Reply:
+        from ops.jobs import active_jobs
+        from ops.ray_api import RayApi
+        from ops.render import render_jobs
+
+        if cluster_name not in self.registry.clusters:
+            return Reply(
+                f"unknown cluster {cluster_name!r}; valid: {', '.join(self.registry.clusters)}", ok=False
+            )
+        try:
+            jobs = await asyncio.to_thread(lambda: active_jobs(RayApi(self.registry.clusters[cluster_name])))
+        except OpsError as e:
+            return Reply(str(e), ok=False)
+        return Reply(f"{cluster_name}:\n" + render_jobs(jobs), ephemeral=False)
+
+    # -- time -----------------------------------------------------------------------------------------
+    async def _tick_loop(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("tick failed")
+            await asyncio.sleep(self.windows.tick_s)
+
+    async def tick(self) -> None:
+        """Move operations whose deadlines passed; note that the bot is alive (for downtime)."""
+        if time.monotonic() - self._last_alive >= max(self.windows.tick_s, 1.0):
+            self._last_alive = time.monotonic()
+            body = dump(_Alive(at=utcnow()))
+            await asyncio.to_thread(self.store.put, ALIVE_KEY, body)
+        for op_id in [o.op_id for o in self.ops.values() if o.state in (State.AWAITING, State.GRACE)]:
+            async with self._lock(op_id):
+                op = self.ops[op_id]
+                if op.state in (State.AWAITING, State.GRACE):
+                    await self._advance(op)
+                    await self._show(self.ops[op_id])
+
+    async def _advance(self, op: Operation) -> None:
+        """Apply the clock to an operation (called under its mutex)."""
+        now = utcnow()
+        if (
+            op.state == State.AWAITING
+            and not op.confirmed
+            and op.confirm_deadline
+            and now >= op.confirm_deadline
+        ):
+            await self._end(op, State.EXPIRED, "expired")
+            return
+        if rules.ready_for_grace(op, now):
+            grace = now + timedelta(seconds=self.windows.grace_s)
+            op = op.model_copy(update={"state": State.GRACE, "grace_deadline": grace})
+            await self._save(op)
+            await self._journal(op, "grace", why=rules.consent(op, now)[1])
+        if op.state == State.GRACE and op.grace_deadline and now >= op.grace_deadline:
+            op = op.model_copy(update={"state": State.EXECUTING})
+            await self._save(op)
+            await self._journal(op, "executing")
+            self._spawn(self._execute(op))
+
+    # -- execution ------------------------------------------------------------------------------------
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _execute(self, op: Operation) -> None:
+        spec = self.specs[op.kind]
+        loop = asyncio.get_running_loop()
+        await self._show(op)
+
+        def progress(line: str) -> None:
+            loop.call_soon_threadsafe(lambda: self._spawn(self._progress(op.op_id, line)))
+
+        lease = self._leases.pop(op.op_id, None)
+        try:
+            outcome = await asyncio.to_thread(spec.execute, self, op, lease, progress)
+        except OpsError as e:
+            await self._finish(op.op_id, State.FAILED, error=str(e))
+            return
+        except Exception as e:
+            log.exception("operation %s failed", op.op_id)
+            await self._finish(op.op_id, State.FAILED, error=f"unexpected error: {type(e).__name__}: {e}")
+            return
+        await self._finish(op.op_id, State.DONE, result=outcome.text)
+        owners = sorted({c for o in outcome.owners if o and (c := self.owner_to_chat(o))})
+        done = self.ops[op.op_id]
+        lines = [
+            f"{rules.describe(done)} is done (`{done.op_id}`), asked by {done.requester.name}",
+            outcome.text,
+        ]
+        if owners:
+            lines.append("your jobs were resubmitted: " + " ".join(self.chat.mention(c) for c in owners))
+        await self.chat.post(Message("\n".join(lines), mentions=owners))
+
+    async def _progress(self, op_id: str, line: str) -> None:
+        async with self._lock(op_id):
+            op = self.ops[op_id].model_copy(deep=True)
+            op.progress.append(line)
+            await self._save(op)
+            await self._show(op)
+
+    async def _finish(self, op_id: str, state: State, **changes: Any) -> None:
+        await asyncio.sleep(0)  # let queued progress lines land first
+        async with self._lock(op_id):
+            op = self.ops[op_id].model_copy(update={"state": state, **changes})
+            await self._save(op)
+            await self._journal(op, state.value, **changes)
+            await self._show(op)
+            if state == State.FAILED:
+                resume = f"python -m ops restart --cluster {op.cluster} --resume"
+                text = (
+                    f"{rules.describe(op)} FAILED (`{op.op_id}`): {op.error}\n"
+                    f"the cluster stays locked for a resume: `{resume}` (or --abandon; backups are kept)"
+                )
+                await self.chat.post(Message(text, mentions=[op.requester.id]))
+
+    # -- start-up -------------------------------------------------------------------------------------
+    async def _resume(self) -> None:
+        keys = await asyncio.to_thread(self.store.list, "bot/ops/")
+        for key in keys:
+            got = await asyncio.to_thread(read_model, self.store, key, Operation)
+            if got is not None:
+                self.ops[got[0].op_id], self._versions[got[0].op_id] = got
+        alive = await asyncio.to_thread(read_model, self.store, ALIVE_KEY, _Alive)
+        downtime = (utcnow() - alive[0].at).total_seconds() if alive else 0.0
+        for op in [o for o in self.ops.values() if o.state not in TERMINAL]:
+            await self._journal(op, "resumed", at_state=op.state.value, downtime_s=round(downtime, 1))
+            if op.state == State.EXECUTING:
+                self._spawn(self._execute(op))
+                continue
+            try:
+                lease = await asyncio.to_thread(
+                    take_over, self.store, op.cluster, op.op_id, op.requester.name,
+                    self.restart_settings.lease_s, self.holder,
+                )  # fmt: skip
+            except OpsError as e:
+                op = op.model_copy(
+                    update={"cancelled_by": f"nobody (the lock went while the bot was down: {e})"}
+                )
+                await self._end(op, State.CANCELLED, "lost_lock")
+                continue
+            lease.start_renewing()
+            self._leases[op.op_id] = lease
+            if downtime > 2 * self.windows.tick_s:
+                op = rules.extend(op, downtime)
+                await self._save(op)
+            await self._show(op)
+        self._last_alive = 0.0
