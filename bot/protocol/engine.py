@@ -177,12 +177,12 @@ class Engine:
 
     async def _end(self, op: Operation, state: State, event: str, **data: Any) -> None:
         """Finish an operation that never executed: persist, release its lock, show it."""
-        op.state = state
-        await self._save(op)
-        await self._journal(op, event, **data)
         lease = self._leases.pop(op.op_id, None)
         if lease is not None:
             await asyncio.to_thread(lease.release)
+        op.state = state
+        await self._save(op)
+        await self._journal(op, event, **data)
         await self._show(op)
 
     # -- requests ---------------------------------------------------------------------------------

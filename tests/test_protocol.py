@@ -1,0 +1,295 @@
+"""The protocol engine with the recorder chat: consent paths, rights, double clicks, timers, persistence.
+
+The operation here is a registered test operation whose `look` reports a fixed set of jobs and whose
+`execute` counts its runs; the engine around it (lock, store, journal, timers) is the real one. The
+real restart through the engine is in test_bot_restart.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from bot.adapters.recorder import Recorder
+from bot.config import BotConfig, Rights, Windows
+from bot.protocol import rules
+from bot.protocol.engine import Engine, Outcome, Spec
+from bot.protocol.model import Affected, Operation, State, User, Vote
+from ops.jobs import Job
+from ops.locks import current_lock
+from ops.registry import load_registry
+from ops.store import LocalStore
+
+ALICE = User(id="alice", name="alice")
+BOB = User(id="bob", name="bob")
+CAROL = User(id="carol", name="carol")
+ADMIN = User(id="root", name="root", roles=["infra-admin"])
+MALLORY = User(id="mallory", name="mallory")
+
+
+def job(owner: str | None, n: int = 0) -> Job:
+    return Job(submission_id=f"raysubmit_{owner}_{n}", status="RUNNING", owner=owner,
+               owner_source="metadata" if owner else "unknown", entrypoint="sleep 1")  # fmt: skip
+
+
+class Fixture:
+    def __init__(self, tmp_path: Path, jobs: list[Job], windows: Windows) -> None:
+        self.store = LocalStore(tmp_path / "store")
+        self.registry = load_registry()
+        self.jobs = jobs
+        self.runs: list[str] = []
+        self.release = asyncio.Event()
+        self.config = BotConfig(rights=Rights(admin_roles=["infra-admin"]), windows=windows,
+                                owners={"alice": "alice", "bob": "bob", "carol": "carol"})  # fmt: skip
+        self.chat = Recorder()
+
+    def spec(self) -> Spec:
+        def execute(engine, op, lease, progress):  # noqa: ANN001, ANN202
+            self.runs.append(op.op_id)
+            progress("step one")
+            if lease is not None:
+                lease.release()
+            return Outcome("all went well", owners=[j.owner for j in self.jobs if j.owner])
+
+        return Spec("restart", "full", look=lambda *a: list(self.jobs), execute=execute)
+
+    def engine(self) -> Engine:
+        return Engine(self.store, self.registry, self.config, self.chat, {"restart": self.spec()},
+                      restart_settings=__import__("ops.restart").restart.Settings(lease_s=30))  # fmt: skip
+
+
+FAST = Windows(
+    confirm_s=5, consent_s=3, grace_s=0.3, tick_s=0.05, delay_choices_min=[10, 30], max_delay_s=3600
+)
+
+
+async def until(predicate, timeout: float = 10.0) -> None:  # noqa: ANN001
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("timed out waiting for the engine")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def fx(tmp_path: Path) -> Fixture:
+    return Fixture(tmp_path, [job("alice"), job("bob"), job("bob", 1)], FAST)
+
+
+async def test_all_ok_then_confirm_runs_once(fx: Fixture) -> None:
+    engine = fx.engine()
+    await engine.start()
+    try:
+        r = await engine.request(ALICE, "restart", "local")
+        assert r.ok, r.text
+        op_id = next(iter(engine.ops))
+        announcement = fx.chat.new_posts()[0]
+        assert announcement.mentions == ["bob"]  # alice's own job needs no consent
+        assert "@bob: 2 (pending)" in announcement.text
+        assert current_lock(fx.store, "local").op_id == op_id
+
+        assert (await engine.act(BOB, op_id, "ok")).text == "OK counted"
+        assert (await engine.act(BOB, op_id, "ok")).text == "already counted: OK"  # double click
+        assert engine.ops[op_id].state == State.AWAITING  # the requester has not confirmed
+        await engine.act(ALICE, op_id, "confirm")
+        await until(lambda: engine.ops[op_id].state == State.DONE)
+        assert fx.runs == [op_id]
+        report = fx.chat.new_posts()[-1]
+        assert "bob" in report.mentions and "all went well" in report.text
+        assert current_lock(fx.store, "local") is None
+    finally:
+        await engine.close()
+
+
+async def test_lazy_consent_when_the_window_passes_without_objection(fx: Fixture) -> None:
+    engine = fx.engine()
+    await engine.start()
+    try:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        await engine.act(ALICE, op_id, "confirm")
+        await asyncio.sleep(1)
+        assert engine.ops[op_id].state == State.AWAITING  # bob has not answered, window open
+        await until(lambda: engine.ops[op_id].state == State.DONE, timeout=10)
+        assert fx.runs == [op_id]
+    finally:
+        await engine.close()
+
+
+async def test_an_objection_blocks_until_withdrawn(fx: Fixture) -> None:
+    engine = fx.engine()
+    await engine.start()
+    try:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        await engine.act(ALICE, op_id, "confirm")
+        await engine.act(BOB, op_id, "object")
+        await asyncio.sleep(FAST.consent_s + 0.5)  # the window passes: an objection still blocks
+        assert engine.ops[op_id].state == State.AWAITING
+        assert "objection by bob" in fx.chat.text(engine.ops[op_id].message_id)
+        assert (await engine.act(BOB, op_id, "ok")).text == "objection withdrawn: OK counted"
+        await until(lambda: engine.ops[op_id].state == State.DONE)
+    finally:
+        await engine.close()
+
+
+async def test_admin_override_passes_an_objection(fx: Fixture) -> None:
+    engine = fx.engine()
+    await engine.start()
+    try:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        await engine.act(BOB, op_id, "object")
+        refused = await engine.act(ALICE, op_id, "override")
+        assert not refused.ok and "admin" in refused.text
+        await engine.act(ADMIN, op_id, "override")
+        await engine.act(ALICE, op_id, "confirm")
+        await until(lambda: engine.ops[op_id].state == State.DONE)
+    finally:
+        await engine.close()
+
+
+async def test_wrong_people_are_refused_politely_and_nothing_changes(fx: Fixture) -> None:
+    engine = fx.engine()
+    await engine.start()
+    try:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        before = engine.ops[op_id]
+        for user, action in ((BOB, "confirm"), (MALLORY, "ok"), (MALLORY, "object"), (MALLORY, "cancel"),
+                             (CAROL, "delay"), (BOB, "override")):  # fmt: skip
+            r = await engine.act(user, op_id, action, "10")
+            assert not r.ok and r.ephemeral, (user, action)
+        assert engine.ops[op_id] == before
+    finally:
+        await engine.close()
+
+
+async def test_cancel_during_grace(tmp_path: Path) -> None:
+    fx = Fixture(tmp_path, [job("alice")], FAST.model_copy(update={"grace_s": 30}))
+    engine = fx.engine()
+    await engine.start()
+    try:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        await engine.act(ALICE, op_id, "confirm")  # only her own job: her confirmation suffices
+        await until(lambda: engine.ops[op_id].state == State.GRACE)
+        assert [b.action for b in fx.chat.posts[engine.ops[op_id].message_id].buttons] == ["cancel"]
+        assert not (await engine.act(BOB, op_id, "cancel")).ok
+        await engine.act(ALICE, op_id, "cancel")
+        assert engine.ops[op_id].state == State.CANCELLED
+        assert fx.runs == [] and current_lock(fx.store, "local") is None
+    finally:
+        await engine.close()
+
+
+async def test_second_request_is_told_who_holds_the_cluster(fx: Fixture) -> None:
+    engine = fx.engine()
+    await engine.start()
+    try:
+        first, second = await asyncio.gather(engine.request(ALICE, "restart", "local"),
+                                             engine.request(BOB, "restart", "local"))  # fmt: skip
+        assert sorted([first.ok, second.ok]) == [False, True]
+        loser = second if first.ok else first
+        assert "busy" in loser.text or "locked" in loser.text
+        assert len(engine.ops) == 1
+    finally:
+        await engine.close()
+
+
+async def test_unconfirmed_requests_expire_and_free_the_cluster(tmp_path: Path) -> None:
+    fx = Fixture(tmp_path, [], FAST.model_copy(update={"confirm_s": 0.5}))
+    engine = fx.engine()
+    await engine.start()
+    try:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        await until(lambda: engine.ops[op_id].state == State.EXPIRED)
+        assert current_lock(fx.store, "local") is None and fx.runs == []
+    finally:
+        await engine.close()
+
+
+async def test_bad_input_and_protection(fx: Fixture) -> None:
+    engine = fx.engine()
+    r = await engine.request(ALICE, "restart", "us-central3")
+    assert not r.ok and "us-central2" in r.text
+    r = await engine.request(ALICE, "restart", "big-run")
+    assert not r.ok and "protected" in r.text
+    r = await engine.request(ALICE, "restart", "big-run", {"override": True})
+    assert not r.ok and "admins" in r.text
+    assert not engine.ops and current_lock(fx.store, "big-run") is None
+
+
+async def test_a_bot_killed_mid_consent_resumes_and_extends_the_window(fx: Fixture) -> None:
+    engine = fx.engine()
+    await engine.start()
+    await engine.request(ALICE, "restart", "local")
+    op_id = next(iter(engine.ops))
+    deadline = engine.ops[op_id].consent_deadline
+    await engine.close()  # the bot dies (its lease stops being renewed)
+    await asyncio.sleep(1.0)
+
+    fresh = fx.engine()  # a new process: everything comes from the store
+    await fresh.start()
+    try:
+        op = fresh.ops[op_id]
+        assert op.state == State.AWAITING and op.downtime_s >= 0.9
+        assert op.consent_deadline >= deadline + timedelta(seconds=0.9)
+        await fresh.act(BOB, op_id, "ok")  # buttons keep working: the op id is all they carry
+        await fresh.act(ALICE, op_id, "confirm")
+        await until(lambda: fresh.ops[op_id].state == State.DONE)
+        assert fx.runs == [op_id]
+    finally:
+        await fresh.close()
+
+
+@pytest.mark.parametrize(
+    ("votes", "unreachable", "overridden", "past_window", "expected"),
+    [
+        ({}, 0, False, False, True),
+        ({"bob": Vote.OK}, 0, False, False, True),
+        ({"bob": Vote.DELAY}, 0, False, False, True),
+        ({"bob": Vote.PENDING}, 0, False, False, False),
+        ({"bob": Vote.PENDING}, 0, False, True, True),
+        ({"bob": Vote.OK}, 2, False, False, False),  # unknown owners: only the window passes them
+        ({"bob": Vote.OK}, 2, False, True, True),
+        ({"bob": Vote.OBJECT}, 0, False, True, False),
+        ({"bob": Vote.OBJECT}, 0, True, False, True),
+        ({}, 1, True, False, True),
+    ],
+)
+def test_consent_rules(
+    votes: dict, unreachable: int, overridden: bool, past_window: bool, expected: bool
+) -> None:
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    op = Operation(
+        op_id="x", kind="restart", cluster="local", requester=ALICE, created_at=now,
+        affected={k: Affected(chat_id=k, owners=[k], jobs=1, vote=v) for k, v in votes.items()},
+        unreachable_jobs=unreachable, overridden_by="root" if overridden else None,
+        consent_deadline=now - timedelta(seconds=1) if past_window else now + timedelta(minutes=5),
+    )  # fmt: skip
+    assert rules.consent(op, now)[0] is expected
+
+
+def test_delays_are_bounded() -> None:
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    w = Windows(max_delay_s=40 * 60)
+    op = Operation(op_id="x", kind="restart", cluster="local", requester=ALICE, created_at=now,
+                   affected={"bob": Affected(chat_id="bob", owners=["bob"], jobs=1)})  # fmt: skip
+    op, text = rules.apply(op, BOB, "delay", "30", now, w)
+    assert op.not_before == now + timedelta(minutes=30) and op.affected["bob"].vote == Vote.DELAY
+    assert not rules.consent(op, now)[0]
+    again, text = rules.apply(op, BOB, "delay", "30", now, w)
+    assert again == op and "10 min left" in text
+    op, _ = rules.apply(op, BOB, "delay", "10", now, w)
+    assert op.not_before == now + timedelta(minutes=40)
+    assert rules.consent(op, now + timedelta(minutes=41))[0]
