@@ -220,3 +220,31 @@ def test_a_failed_restart_can_be_resumed_at_once(ops_env: Env, cluster: Cluster,
 
     assert resumed.code == 0, resumed
     check_survived(cluster, ids)
+
+
+def test_a_restart_killed_with_its_journal_on_gcs_is_resumed(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    """The same durability with `CLUSTERBOT_STORE=gs://...` (fake-gcs-server): the backup, the lock and
+    the journal live in the bucket, so a resume from another process finds everything there."""
+
+    from ops.store import GcsStore
+    from tests.gcs_emulator import GcsEmulator
+
+    with GcsEmulator() as gcs:
+        bucket = gcs.create_bucket("clusterbot-state")
+        env = {"CLUSTERBOT_STORE": f"gs://{bucket}/prod", "STORAGE_EMULATOR_HOST": gcs.url}
+        ids = stage_jobs(cluster, tmp_path)
+        killed = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes",
+                             extra_env=env | {"CLUSTERBOT_FAULT": "after:cluster_stopped"})  # fmt: skip
+        assert killed.code == -9, killed
+        store = GcsStore(f"gs://{bucket}/prod", client=gcs.client())
+        wait_for(lambda: current_lock(store, "local").expired(), 15, "the lease to expire")
+        backups = [k for k in store.list("operations/local/") if "/jobs/" in k]
+        assert len(backups) == len(ids)
+
+        resumed = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--resume", extra_env=env)
+
+        assert resumed.code == 0, resumed
+        check_survived(cluster, ids)
+        assert current_lock(store, "local") is None
