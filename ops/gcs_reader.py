@@ -18,7 +18,7 @@ from ops.errors import OpsError
 
 
 def read_gcs(address: str, token: str | None, request: dict[str, Any], timeout: float = 60) -> Any:
-    """Run one request ({"op": "job_infos"} or {"op": "packages", "uris": [...]}) against the GCS."""
+    """Run one request ({"op": "snapshot"}: job infos and packages of unfinished jobs) against the GCS."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env.update(RAY_AUTH_MODE="token" if token else "disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     if token:
@@ -45,17 +45,22 @@ def _serve(address: str, request: dict[str, Any]) -> Any:
     from ray.dashboard.modules.job.common import JobInfoStorageClient
 
     gcs = GcsClient(address=address)
-    if request["op"] == "job_infos":
+    if request["op"] == "snapshot":
         prefix = JobInfoStorageClient.JOB_DATA_KEY_PREFIX.encode()
         keys = gcs.internal_kv_keys(prefix, KV_NAMESPACE_JOB, timeout=20)
         values = gcs.internal_kv_multi_get(keys, KV_NAMESPACE_JOB, timeout=20) if keys else {}
-        return {k[len(prefix) :].decode(): json.loads(v) for k, v in values.items()}
-    if request["op"] == "packages":
-        out = {}
-        for uri in request["uris"]:
+        infos = {k[len(prefix) :].decode(): json.loads(v) for k, v in values.items()}
+        uris = set()
+        for info in infos.values():
+            if info.get("status") in ("PENDING", "RUNNING"):
+                env = json.loads(info.get("runtime_env_json") or "{}")
+                uris.update(u for u in [env.get("working_dir"), *(env.get("py_modules") or [])]
+                            if isinstance(u, str) and u.startswith("gcs://"))  # fmt: skip
+        packages = {}
+        for uri in sorted(uris):
             data = gcs.internal_kv_get(uri.encode(), None, timeout=60)
-            out[uri] = None if data is None else base64.b64encode(data).decode()
-        return out
+            packages[uri] = None if data is None else base64.b64encode(data).decode()
+        return {"infos": infos, "packages": packages}
     raise ValueError(f"unknown op {request['op']!r}")
 
 

@@ -115,13 +115,14 @@ class RayApi:
             raise OpsError(f"uploading package {uri} to {self.cluster.name} failed: HTTP {r.status_code}")
 
     def wait_accepting(self, timeout: float) -> None:
-        """Wait until the job agent accepts submissions (the dashboard answers before it does)."""
+        """Wait until the job agent accepts submissions (the dashboard answers before it does).
+
+        The probe job it submits is deleted later by `delete_finished_probes`, not waited for here."""
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
             try:
-                probe = self.submit(entrypoint="true", submission_id=f"{PROBE_PREFIX}{uuid.uuid4().hex[:12]}")
-                self._delete_when_done(probe, deadline)
+                self.submit(entrypoint="true", submission_id=f"{PROBE_PREFIX}{uuid.uuid4().hex[:12]}")
                 return
             except Exception as e:
                 last = e
@@ -131,29 +132,29 @@ class RayApi:
             f"{self.cluster.name} did not accept a job submission within {timeout:.0f}s: {_short(last)}"
         )
 
-    def _delete_when_done(self, submission_id: str, deadline: float) -> None:
-        while time.monotonic() < min(deadline, time.monotonic() + 10):
-            if self.status(submission_id) in ("SUCCEEDED", "FAILED", "STOPPED"):
-                try:
-                    self.jobs.delete_job(submission_id)
-                except Exception:
-                    pass
-                return
-            time.sleep(0.2)
+    def delete_finished_probes(self) -> None:
+        """Best effort: remove readiness probes that have finished, so job lists stay clean."""
+        try:
+            for d in self.list_jobs():
+                status = str(getattr(d.status, "value", d.status))
+                if (d.submission_id or "").startswith(PROBE_PREFIX) and status in (
+                    "SUCCEEDED",
+                    "FAILED",
+                    "STOPPED",
+                ):
+                    self.jobs.delete_job(d.submission_id)
+        except Exception:
+            pass
 
     # -- what only the GCS has ----------------------------------------------------------------------
-    def job_infos(self) -> dict[str, dict[str, Any]] | None:
-        """JobInfo of every submitted job by submission id, from the GCS KV; None if unreachable."""
+    def snapshot(self) -> dict[str, Any] | None:
+        """JobInfo of every job (entrypoint resources) and the bytes of every `gcs://` package that an
+        unfinished job uses, read from the GCS in one go; None when this machine cannot reach it."""
         if self.cluster.gcs_address is None:
             return None
-        return read_gcs(self.cluster.gcs_address, self._token, {"op": "job_infos"})
-
-    def packages(self, uris: list[str]) -> dict[str, bytes | None]:
-        """The bytes of `gcs://` packages (None for each the GCS lost); {} if the GCS is unreachable."""
-        if self.cluster.gcs_address is None or not uris:
-            return {}
-        got = read_gcs(self.cluster.gcs_address, self._token, {"op": "packages", "uris": uris})
-        return {uri: None if b64 is None else base64.b64decode(b64) for uri, b64 in got.items()}
+        got = read_gcs(self.cluster.gcs_address, self._token, {"op": "snapshot"})
+        got["packages"] = {u: None if b is None else base64.b64decode(b) for u, b in got["packages"].items()}
+        return got
 
 
 def _short(e: BaseException | None) -> str:

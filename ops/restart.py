@@ -19,6 +19,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -282,15 +283,13 @@ class RestartRun:
         except Exception:
             pass  # the lease then expires on its own
 
-    def _backup_jobs(self, jobs: list[Any], infos: dict[str, dict] | None) -> list[str]:
-        """Write each job (and its packages) to the store; returns the ids written."""
+    def _backup_jobs(self, jobs: list[Any]) -> tuple[list[str], list[str]]:
+        """Write each job (and its packages) to the store: (ids written, what could not be kept)."""
         scope = self.record.scope
-        written = []
-        uris = sorted({u for d in jobs for u in package_uris(d.runtime_env or {})})
-        blobs = self.api.packages(uris) if uris else {}
+        snap = self.api.snapshot() or {"infos": None, "packages": {}}
+        written, notes = [], []
         for d in jobs:
             owner, source = owner_of(d.submission_id, d.metadata)
-            info = (infos or {}).get(d.submission_id)
             job = BackedUpJob(
                 submission_id=d.submission_id,
                 status=str(getattr(d.status, "value", d.status)),
@@ -300,6 +299,7 @@ class RestartRun:
                 metadata=d.metadata or {},
                 runtime_env=d.runtime_env or {},
             )
+            info = (snap["infos"] or {}).get(d.submission_id)
             if info is not None:
                 job.entrypoint_num_cpus = info.get("entrypoint_num_cpus")
                 job.entrypoint_num_gpus = info.get("entrypoint_num_gpus")
@@ -308,7 +308,7 @@ class RestartRun:
             else:
                 job.not_preserved.append("entrypoint resources (the cluster's GCS is not reachable)")
             for uri in package_uris(job.runtime_env):
-                data = blobs.get(uri)
+                data = snap["packages"].get(uri)
                 if data is None:
                     job.not_preserved.append(f"package {uri} (not readable from the cluster's GCS)")
                     continue
@@ -317,7 +317,8 @@ class RestartRun:
                 job.packages[uri] = key
             self.store.put(f"{scope}/jobs/{job.submission_id}.json", dump(job))
             written.append(job.submission_id)
-        return written
+            notes += [f"{job.submission_id}: {what}" for what in job.not_preserved]
+        return written, notes
 
     def _backup_new(self) -> None:
         """Back up active jobs that appeared since the backup (submitted while we were working)."""
@@ -326,9 +327,9 @@ class RestartRun:
         known = set(self.record.jobs)
         fresh = [j for j in self._active_details() if j.submission_id not in known]
         if fresh:
-            ids = self._backup_jobs(fresh, self.api.job_infos())
+            ids, notes = self._backup_jobs(fresh)
             self.progress(f"backed up {len(ids)} job(s) submitted meanwhile: {', '.join(ids)}")
-            self._save(jobs=self.record.jobs + ids)
+            self._save(jobs=self.record.jobs + ids, not_preserved=self.record.not_preserved + notes)
 
     def _active_details(self) -> list[Any]:
         keep = {j.submission_id for j in active_jobs(self.api)}
@@ -344,17 +345,10 @@ class RestartRun:
                 self.progress("head unreachable: nothing to back up")
             else:
                 details = self._active_details()
-                ids = self._backup_jobs(details, self.api.job_infos() if details else None)
+                if details:
+                    ids, notes = self._backup_jobs(details)
                 self.progress(f"backed up {len(ids)} job(s) to {self.store.url}")
-                notes += self._summarise_not_preserved(ids)
         self._advance(Step.BACKED_UP, t, jobs=ids, not_preserved=notes)
-
-    def _summarise_not_preserved(self, ids: list[str]) -> list[str]:
-        out = []
-        for sid in ids:
-            job = self.backed_up(sid)
-            out += [f"{sid}: {what}" for what in job.not_preserved]
-        return out
 
     def backed_up(self, submission_id: str) -> BackedUpJob:
         got = read_model(self.store, f"{self.record.scope}/jobs/{submission_id}.json", BackedUpJob)
@@ -367,22 +361,25 @@ class RestartRun:
         if self.api.reachable():
             self._backup_new()
             active = active_jobs(self.api)
-            for job in active:
+
+            def stop(job: Job) -> None:
                 try:
                     self.api.stop(job.submission_id)
                 except Exception as e:  # already finished, or the agent is gone: the stop covers it
                     self.progress(f"could not stop {job.submission_id} cleanly: {e}")
+
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(stop, active))
             # Only running jobs have work to checkpoint; a pending one may never see its stop
             # before the cluster goes (Ray queues it behind the supervisor actor's resources).
             deadline = time.monotonic() + self.settings.stop_grace_s
-            pending = {j.submission_id for j in active if j.status == "RUNNING"}
-            while pending and time.monotonic() < deadline:
-                pending = {s for s in pending if self.api.status(s) in ("PENDING", "RUNNING")}
-                if pending:
-                    time.sleep(0.5)
+            running = {j.submission_id for j in active if j.status == "RUNNING"}
+            while running and time.monotonic() < deadline:
+                time.sleep(0.25)
+                running &= {j.submission_id for j in active_jobs(self.api) if j.status == "RUNNING"}
             self.progress(
                 f"stopped {len(active)} job(s)"
-                + (f"; {len(pending)} still running after the grace period" if pending else "")
+                + (f"; {len(running)} still running after the grace period" if running else "")
             )
         self._advance(Step.JOBS_STOPPED, t)
 
@@ -404,32 +401,43 @@ class RestartRun:
         self._advance(Step.CLUSTER_STARTED, t)
 
     def resubmit(self) -> None:
+        """Resubmit every backed-up job not yet resubmitted, in parallel. Exactly once even across
+        a crash: the new id is deterministic, so Ray refuses a second submission of it."""
         t = time.monotonic()
-        uploaded: set[str] = set()
-        for n, sid in enumerate(self.record.jobs):
-            if sid in self.record.resubmitted:
-                continue
-            job = self.backed_up(sid)
-            new_id = resubmitted_id(sid, self.record.op_id)
+        jobs = [self.backed_up(sid) for sid in self.record.jobs if sid not in self.record.resubmitted]
+        missing: dict[str, str] = {}
+        for uri, key in sorted({(u, k) for job in jobs for u, k in job.packages.items()}):
+            blob = self.store.read(key)
             try:
-                for uri, key in job.packages.items():
-                    if uri not in uploaded:
-                        blob = self.store.read(key)
-                        if blob is None:
-                            raise OpsError(f"package {uri} is missing from the store")
-                        self.api.upload_package(uri, blob.data)
-                        uploaded.add(uri)
-                self._submit_once(job, new_id)
-                entry = Resubmission(old_id=sid, new_id=new_id, owner=job.owner)
+                if blob is None:
+                    raise OpsError(f"package {uri} is missing from the store")
+                self.api.upload_package(uri, blob.data)
             except OpsError as e:
-                entry = Resubmission(old_id=sid, new_id=new_id, owner=job.owner, status="failed",
-                                     error=e.reason)  # fmt: skip
-            resubmitted = dict(self.record.resubmitted) | {sid: entry}
-            self._save(resubmitted=resubmitted)
-            journal.append(self.store, self.record.scope, "resubmit", **entry.model_dump())
-            self.progress(f"resubmitted {sid} -> {new_id} ({job.owner or 'owner unknown'})")
-            _fault_point(f"resubmit:{n + 1}")
-        self._advance(Step.RESUBMITTED, t)
+                missing[uri] = e.reason
+
+        def one(job: BackedUpJob) -> Resubmission:
+            new_id = resubmitted_id(job.submission_id, self.record.op_id)
+            try:
+                lost = [missing[u] for u in job.packages if u in missing]
+                if lost:
+                    raise OpsError(lost[0])
+                self._submit_once(job, new_id)
+                return Resubmission(old_id=job.submission_id, new_id=new_id, owner=job.owner)
+            except OpsError as e:
+                return Resubmission(old_id=job.submission_id, new_id=new_id, owner=job.owner,
+                                    status="failed", error=e.reason)  # fmt: skip
+
+        done = dict(self.record.resubmitted)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            for n, entry in enumerate(pool.map(one, jobs)):
+                done[entry.old_id] = entry
+                self.record = self.record.model_copy(update={"resubmitted": done})  # saved on failure too
+                journal.append(self.store, self.record.scope, "resubmit", **entry.model_dump())
+                self.progress(
+                    f"resubmitted {entry.old_id} -> {entry.new_id} ({entry.owner or 'owner unknown'})"
+                )
+                _fault_point(f"resubmit:{n + 1}")
+        self._advance(Step.RESUBMITTED, t, resubmitted=done)
 
     def _submit_once(self, job: BackedUpJob, new_id: str) -> None:
         """Submit under `new_id`; a job already there from an earlier attempt counts as submitted."""
@@ -448,6 +456,7 @@ class RestartRun:
 
     def finish(self) -> None:
         t = time.monotonic()
+        self.api.delete_finished_probes()
         self._advance(Step.DONE, t, finished_at=datetime.now(UTC), error=None)
 
 

@@ -1,8 +1,8 @@
 """A real local Ray cluster for the tests, started once per session on ports of its own.
 
 The session gets its own CLUSTERBOT_HOME, store and registry (a copy of infra/clusters.yaml whose
-`local` cluster uses ports no default head uses), so the tests never meet a developer's own local
-cluster. Tests run `python -m ops` as a child process, as a user would, with `ops_env()`.
+`local` cluster uses a free block of ports), so the tests never meet a developer's own local cluster
+nor another test session's. Tests run `python -m ops` as a child process, as a user would, with `ops_env()`.
 Import the fixtures in a test module with `from tests.localray import local_cluster, ...  # noqa: F401`.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 import time
@@ -23,17 +25,30 @@ import yaml
 
 from ops.registry import DEFAULT_REGISTRY, Cluster, load_registry
 
-TEST_PORTS = {
-    "gcs": 26379,
-    "dashboard": 28265,
-    "dashboard_agent_listen": 28266,
-    "dashboard_agent_grpc": 28267,
-    "metrics_export": 28268,
-    "runtime_env_agent": 28269,
-    "ray_client_server": 28270,
-    "min_worker": 21000,
-    "max_worker": 21999,
-}
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_ports() -> dict[str, int]:
+    """Ports for one session's head: its own block, so parallel test sessions never share a head."""
+    rng = random.Random(os.getpid() ^ time.time_ns())
+    for _ in range(200):
+        base = rng.randrange(22000, 40000, 50)
+        names = ["gcs", "dashboard", "dashboard_agent_listen", "dashboard_agent_grpc", "metrics_export",
+                 "runtime_env_agent", "ray_client_server"]  # fmt: skip
+        ports = {name: base + i for i, name in enumerate(names)}
+        workers = rng.randrange(42000, 60000, 1000)
+        if all(_free(p) for p in ports.values()) and _free(workers):
+            return ports | {"min_worker": workers, "max_worker": workers + 999}
+    raise RuntimeError("no free block of ports for the test cluster")
+
+
 LEASE_S = 3.0
 
 
@@ -43,8 +58,9 @@ class Env:
     def __init__(self, home: Path) -> None:
         self.home = home
         raw = yaml.safe_load(DEFAULT_REGISTRY.read_text())
-        raw["clusters"]["local"]["local_ports"] = TEST_PORTS
-        raw["clusters"]["local"]["dashboard_url"] = f"http://127.0.0.1:{TEST_PORTS['dashboard']}"
+        ports = free_ports()
+        raw["clusters"]["local"]["local_ports"] = ports
+        raw["clusters"]["local"]["dashboard_url"] = f"http://127.0.0.1:{ports['dashboard']}"
         self.registry = home / "clusters.yaml"
         self.registry.write_text(yaml.safe_dump(raw, sort_keys=False))
         self.vars = {

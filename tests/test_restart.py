@@ -72,7 +72,7 @@ def check_survived(cluster: Cluster, ids: dict[str, str]) -> None:
     # The working_dir package came back with the job: it runs on the new cluster.
     wait_for(lambda: api.status(by_old[ids["alice"]].submission_id) == "RUNNING", 60, "alice's job to run")
     # The pending job kept its entrypoint resources, so it is still waiting, not running.
-    infos = api.job_infos()
+    infos = api.snapshot()["infos"]
     new_carol = by_old[ids["carol"]].submission_id
     assert infos[new_carol]["entrypoint_resources"] == {"TPU-v5p-8-head": 1}
     assert infos[new_carol]["entrypoint_num_cpus"] == 0.5
