@@ -116,7 +116,8 @@ def cmd_submit(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     from ops.ray_api import RayApi
 
     cluster = reg.get(args.cluster)
-    entrypoint = " ".join(args.entrypoint).strip()
+    words = args.entrypoint[1:] if args.entrypoint[:1] == ["--"] else args.entrypoint
+    entrypoint = " ".join(words).strip()
     if not entrypoint:
         raise BadInput(
             "submit needs an entrypoint after --", "e.g. ops submit --cluster local -- python x.py"
@@ -276,12 +277,6 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or bool(os.environ.get("CLUSTERBOT_DEBUG"))
     try:
         args = build_parser().parse_args(argv)
-        if args.entrypoint if hasattr(args, "entrypoint") else False:
-            args.entrypoint = (
-                [a for a in args.entrypoint if a != "--"]
-                if args.entrypoint[:1] == ["--"]
-                else args.entrypoint
-            )
         args.caller = args.caller or getpass.getuser()
         return args.fn(load_registry(), args, Out(args.json))
     except OpsError as e:
