@@ -97,6 +97,7 @@ class Engine:
         self._shown: dict[str, str] = {}
         self._tasks: set[asyncio.Task] = set()
         self._ticker: asyncio.Task | None = None
+        self._tick_lock = asyncio.Lock()  # held during a tick: close() waits for it
         self._last_alive = 0.0
 
     # -- life cycle -----------------------------------------------------------------------------
@@ -106,9 +107,14 @@ class Engine:
         self._ticker = asyncio.create_task(self._tick_loop(), name="clusterbot-ticker")
 
     async def close(self) -> None:
-        """Stop ticking. Open operations stay persisted (and locked) for the next start."""
+        """Stop ticking. Open operations stay persisted (and locked) for the next start.
+
+        A tick in progress finishes first: cancelled between saving a new state and acting on it
+        (say EXECUTING saved, its execution not yet started), it would leave a state without its
+        action. Operations already executing go on; `wait_executing` waits for them."""
         if self._ticker:
-            self._ticker.cancel()
+            async with self._tick_lock:
+                self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
         for lease in self._leases.values():
             lease.stop_renewing()
@@ -361,10 +367,11 @@ class Engine:
     # -- time -----------------------------------------------------------------------------------------
     async def _tick_loop(self) -> None:
         while True:
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("tick failed")
+            async with self._tick_lock:
+                try:
+                    await self.tick()
+                except Exception:
+                    log.exception("tick failed")
             await asyncio.sleep(self.windows.tick_s)
 
     async def tick(self) -> None:
