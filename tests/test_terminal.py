@@ -1,0 +1,327 @@
+"""The terminal chat (the local default), driven as people drive it: a child process reading a script
+from standard input (or typing at a pseudo-terminal), with the session's isolated environment and a
+bot config with windows in seconds, against the session's real local Ray cluster.
+
+Each test has its own store (locks, operations, backups), so what one leaves pending never meets
+another; the Ray cluster is the session's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from bot.adapters.terminal import Console, TerminalChat
+from bot.config import DEFAULT_CONFIG
+from bot.protocol.model import Button, Message, Operation, State
+from ops.jobs import active_jobs
+from ops.locks import current_lock
+from ops.ray_api import RayApi
+from ops.registry import Cluster
+from ops.store import LocalStore, read_model
+from tests.localray import Env, Result, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+TERMINAL = [sys.executable, "-c", "from bot.adapters.terminal import main; main()"]
+FAST = """\
+rights: {admins: [admin]}
+windows: {confirm_s: 120, consent_s: 120, grace_s: 1, tick_s: 0.2}
+"""
+
+
+def environment(ops_env: Env, tmp_path: Path, config: str | None, user: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "CLUSTERBOT_", "DISCORD_"))}
+    env.update(ops_env.vars, CLUSTERBOT_STORE=str(tmp_path / "store"), LOGNAME=user, USER=user)
+    if config is not None:
+        cfg = tmp_path / "bot.yaml"
+        cfg.write_text(config)
+        env["CLUSTERBOT_BOT_CONFIG"] = str(cfg)
+    return env
+
+
+def chat(
+    ops_env: Env,
+    tmp_path: Path,
+    script: str,
+    config: str | None = FAST,
+    user: str = "alice",
+    timeout: float = 300,
+) -> Result:
+    """Run the terminal chat on `script` (its standard input is not a terminal: script mode)."""
+    proc = subprocess.run(
+        TERMINAL,
+        input=textwrap.dedent(script),
+        capture_output=True,
+        text=True,
+        env=environment(ops_env, tmp_path, config, user),
+        timeout=timeout,
+        cwd=REPO,
+    )
+    result = Result(proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout, result
+    return result
+
+
+def operations(tmp_path: Path) -> dict[str, Operation]:
+    store = LocalStore(tmp_path / "store")
+    ops = [read_model(store, key, Operation) for key in store.list("bot/ops/")]
+    return {got[0].op_id: got[0] for got in ops if got}
+
+
+def test_a_restart_from_a_script_keeps_bobs_job(ops_env: Env, cluster: Cluster, tmp_path: Path) -> None:
+    r = chat(
+        ops_env,
+        tmp_path,
+        """\
+        # bob has a job; alice restarts; bob agrees; alice confirms
+        /as bob
+        /submit sleep 600
+        /as alice
+        /restart local
+        /as bob
+        ok
+        /as alice
+        confirm
+        /wait-state newest done 240
+        """,
+    )
+    out = r.out
+    assert r.code == 0, r
+    assert "local cluster up, dashboard at http://127.0.0.1:" in out
+    old_id = re.search(r"^\[to bob\] submitted (\S+) on local as bob: sleep 600$", out, re.M).group(1)
+    op_id = re.search(r"^\[#infra (\d+)\] alice asks to restart local \((local-[\w-]+)\)$", out, re.M)
+    mid, op_id = op_id.groups()
+    announcement = out[out.index(f"[#infra {mid}]") :]
+    assert "1 running or pending job(s) on local: @bob: 1 (pending)" in announcement.splitlines()[1]
+    assert "[buttons: confirm, ok, delay 10, delay 30, object, cancel, override]" in announcement
+    assert f"[to alice] announced {op_id} in #infra: type confirm to go ahead" in out
+    # the consent lines: bob's OK edits the announcement, then alice's confirmation starts the countdown
+    assert f"[to bob] OK counted ({op_id})" in out
+    assert re.search(rf"^\[#infra edit {mid}\] .*@bob: 1 \(ok\)$", out, re.M), out
+    assert "consent: every affected owner agreed" in out
+    assert f"[to alice] confirmed ({op_id})" in out
+    countdown = rf"^\[#infra edit {mid}\] consent reached; starting \d\d:\d\d:\d\d UTC unless cancelled$"
+    assert re.search(countdown, out, re.M), out
+    assert re.search(rf"^\[#infra edit {mid}\] executing…$", out, re.M), out
+    # the report: a new message, old -> new job id for bob, bob mentioned
+    report = out[out.index(f"restart local is done ({op_id}), asked by alice") :]
+    new_id = re.search(rf"^\s+bob: {re.escape(old_id)} -> (\S+)$", report, re.M).group(1)
+    assert "your jobs were resubmitted: @bob" in report
+    assert f"[clusterbot] {op_id} is done" in out
+    assert operations(tmp_path)[op_id].state == State.DONE
+    assert current_lock(LocalStore(tmp_path / "store"), "local") is None
+
+    api = RayApi(cluster)
+
+    def running() -> object:
+        return next((j for j in active_jobs(api) if (j.submission_id, j.status) == (new_id, "RUNNING")), None)
+
+    job = wait_for(running, 60, f"bob's resubmitted job {new_id} running")
+    assert job.owner == "bob" and job.entrypoint == "sleep 600"
+    api.stop(new_id)  # a clean slate for the next test (else its fixture restarts the head)
+    wait_for(lambda: not active_jobs(api), 30, "bob's job stopped")
+
+
+def test_bad_input_and_wrong_users_change_nothing(ops_env: Env, cluster: Cluster, tmp_path: Path) -> None:
+    r = chat(
+        ops_env,
+        tmp_path,
+        """\
+        /restart nowhere
+        /restrat local
+        restart local
+        /restart local --presrve
+        confirm
+        /submit
+        /restart local
+
+        /restart local
+        /as bob
+        confirm
+        ok
+        override
+        cancel
+        /unlock local
+        /restart big-run
+        /as admin
+        /restart big-run
+        /unlock local
+        /show
+        """,
+    )
+    out = r.out
+    assert r.code == 0, r
+    lines = [line for line in out.splitlines() if line.startswith("[to ")]
+    expected = [
+        "[to alice] refused: unknown cluster 'nowhere'; valid: ",
+        "[to alice] refused: unknown command /restrat; did you mean /restart?",
+        "[to alice] refused: unknown command restart; did you mean /restart?",
+        "[to alice] refused: unknown flag --presrve; did you mean --no-preserve?",
+        "[to alice] refused: there is no open operation to confirm",
+        "[to alice] refused: usage: /submit ENTRYPOINT...",
+        "[to alice] announced local-",
+        "[to alice] refused: local is busy: restart local-",
+        "[to bob] refused: only alice (who asked) can confirm",
+        "[to bob] refused: only people whose jobs this stops can answer for them",
+        "[to bob] refused: only an admin can override",
+        "[to bob] refused: only alice (who asked) or an admin can cancel",
+        "[to bob] refused: only an admin can force-unlock a cluster",
+        "[to bob] refused: big-run is protected: only read-only commands, unless an admin passes override",
+        "[to admin] refused: big-run is protected",
+        "[to admin] admin force-unlocked local (was: restart local-",
+        "[to admin] alice asks to restart local (local-",  # /show: the announcement as it reads now
+    ]
+    assert len(lines) == len(expected), out
+    for line, start in zip(lines, expected, strict=True):
+        assert line.startswith(start), f"{line!r} does not start with {start!r}\n{out}"
+    assert "consent reached" not in out and "executing" not in out
+    (op,) = operations(tmp_path).values()  # one operation was announced, and it was cancelled
+    assert op.state == State.CANCELLED and op.cancelled_by == "admin (force-unlock)" and not op.confirmed
+    assert re.search(
+        r"^\[#infra edit \d+\] cancelled by admin \(force-unlock\); nothing was done$", out, re.M
+    )
+    assert out.rstrip().splitlines()[-1].strip() == "cancelled by admin (force-unlock); nothing was done"
+    assert current_lock(LocalStore(tmp_path / "store"), "local") is None
+
+
+def test_pending_operations_stay_persisted_and_the_next_start_picks_them_up(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    first = chat(ops_env, tmp_path, "/restart local\n")
+    assert first.code == 0, first
+    (op,) = operations(tmp_path).values()
+    assert op.state == State.AWAITING and op.requester.name == "alice"
+    assert f"left pending (persisted; the next start picks them up): {op.op_id} (awaiting)" in first.out
+    store = LocalStore(tmp_path / "store")
+    assert current_lock(store, "local").op_id == op.op_id  # still held for the next start
+
+    second = chat(ops_env, tmp_path, "/ops\ncancel\n")
+    assert second.code == 0, second
+    assert f"picked up: {op.op_id} (awaiting)" in second.out
+    assert f"[to alice] {op.op_id}  restart local by alice: awaiting" in second.out
+    assert f"[to alice] cancelled {op.op_id}" in second.out
+    assert operations(tmp_path)[op.op_id].state == State.CANCELLED
+    assert current_lock(store, "local") is None
+
+
+@pytest.mark.skipif(DEFAULT_CONFIG.exists(), reason=f"{DEFAULT_CONFIG} exists: it would be the config")
+def test_without_a_config_file_the_user_named_admin_is_an_admin(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    r = chat(ops_env, tmp_path, "/help\n/unlock local\n/as admin\n/unlock local\n", config=None)
+    assert r.code == 0, r
+    assert "with no bot config file, the user named admin is an admin (/as admin)" in r.out
+    assert "windows: confirm 10 min, consent 15 min, grace 2 min" in r.out  # the real defaults
+    assert "[to alice] refused: only an admin can force-unlock a cluster" in r.out
+    assert "[clusterbot] you are now admin (an admin)" in r.out
+    assert "[to admin] local was not locked" in r.out
+
+
+def test_a_wrong_bot_config_is_one_line(ops_env: Env, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        TERMINAL,
+        input="/status\n",
+        capture_output=True,
+        text=True,
+        env=environment(ops_env, tmp_path, "windows: {grace_s: soon}\n", "alice"),
+        timeout=60,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert (
+        line.startswith("clusterbot: ") and "windows.grace_s" in line and str(tmp_path / "bot.yaml") in line
+    )
+
+
+def test_interactive_prompt_while_timers_run(ops_env: Env, cluster: Cluster, tmp_path: Path) -> None:
+    """At a pseudo-terminal: the prompt names the acting user, and the engine's clock runs while the
+    chat waits for a line (an unconfirmed request expires with nobody typing)."""
+    config = "windows: {confirm_s: 2, consent_s: 60, grace_s: 1, tick_s: 0.2}\n"
+    master, slave = os.openpty()
+    proc = subprocess.Popen(
+        TERMINAL,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=environment(ops_env, tmp_path, config, "alice") | {"TERM": "dumb"},
+        cwd=REPO,
+        start_new_session=True,
+    )
+    os.close(slave)
+    seen = ""
+
+    def until(pattern: str, timeout: float = 60) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, seen, re.M):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {pattern!r} within {timeout:.0f}s in:\n{seen}")
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    seen += os.read(master, 65536).decode(errors="replace")
+                except OSError:  # the child closed the terminal
+                    pass
+
+    try:
+        until(r"alice> ")
+        os.write(master, b"/restart local\n")
+        until(r"waiting for alice to Confirm")
+        until(r"expired: alice did not confirm in time; nothing was done", timeout=30)  # nobody typed
+        os.write(master, b"/as bob\n")
+        until(r"bob> ")
+        os.write(master, b"/quit\n")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        os.close(master)
+    (op,) = operations(tmp_path).values()
+    assert op.state == State.EXPIRED
+    assert current_lock(LocalStore(tmp_path / "store"), "local") is None
+
+
+@pytest.mark.parametrize("at", [datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)])
+async def test_the_chat_prints_posts_edits_and_mentions_plainly(at: datetime) -> None:
+    class Out:
+        text = ""
+
+        def write(self, s: str) -> None:
+            self.text += s
+
+        def flush(self) -> None:
+            pass
+
+    out = Out()
+    chat = TerminalChat(Console(out))
+    assert chat.mention("bob") == "@bob" and chat.when(at) == "03:04:05 UTC" and chat.when(None) == "-"
+    mid = await chat.post(Message("**alice** asks to restart (`op1`)\nwaiting", [Button("confirm", "Confirm"),
+                                  Button("delay", "Delay 10 min", arg="10")], ["bob"]))  # fmt: skip
+    await chat.edit(
+        mid, Message("**alice** asks to restart (`op1`)\nconfirmed", [Button("cancel", "Cancel")])
+    )
+    await chat.edit(
+        mid, Message("**alice** asks to restart (`op1`)\nconfirmed", [Button("cancel", "Cancel")])
+    )
+    await chat.edit("7", Message("from an earlier life\ntwo lines"))  # unknown: printed whole
+    assert out.text == (
+        "[#infra 1] alice asks to restart (op1)\n"
+        "           waiting\n"
+        "           [buttons: confirm, delay 10]\n"
+        "[#infra edit 1] confirmed\n"
+        "                [buttons: cancel]\n"
+        "[#infra edit 7] from an earlier life\n"
+        "                two lines\n"
+    )
