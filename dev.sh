@@ -17,7 +17,7 @@ export RAY_USAGE_STATS_ENABLED=0
 cmd=${1:-run}
 shift || true
 case "$cmd" in
-  run)   .venv/bin/python -m ops local up && exec .venv/bin/python -m ops status --cluster local ;;
+  run)   exec .venv/bin/python -m bot "$@" ;;
   test)  .venv/bin/ruff check . && .venv/bin/ruff format --check . && exec .venv/bin/pytest "$@" ;;
   bench) exec .venv/bin/python -m bench "$@" ;;
   ops)   exec .venv/bin/python -m ops "$@" ;;
