@@ -325,3 +325,37 @@ async def test_the_chat_prints_posts_edits_and_mentions_plainly(at: datetime) ->
         "[#infra edit 7] from an earlier life\n"
         "                two lines\n"
     )
+
+
+def test_a_bot_killed_mid_restart_finishes_it_once_on_its_next_start(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    """The bot dies while the restart runs (right after the cluster was stopped); started again with
+    nothing to do, it picks the executing operation up, finishes it, and bob's job comes back once."""
+    api = RayApi(cluster)
+    old_id = api.submit(entrypoint="sleep 600", metadata={"user": "bob"})
+    script = """\
+        /restart local
+        /as bob
+        ok
+        /as alice
+        confirm
+        /wait-state newest done 240
+        """
+    env = environment(ops_env, tmp_path, FAST, "alice") | {"CLUSTERBOT_FAULT": "after:cluster_stopped"}
+    killed = subprocess.run(TERMINAL, input=textwrap.dedent(script), capture_output=True, text=True,
+                            env=env, timeout=300, cwd=REPO)  # fmt: skip
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    (op,) = operations(tmp_path).values()
+    assert op.state == State.EXECUTING
+
+    again = chat(ops_env, tmp_path, "# nothing to do: whatever was executing is finished first\n")
+
+    assert again.code == 0, again
+    assert operations(tmp_path)[op.op_id].state == State.DONE
+    assert f"restart local is done ({op.op_id})" in again.out
+    assert "your jobs were resubmitted: @bob" in again.out
+    copies = [d for d in api.list_jobs() if (d.metadata or {}).get("clusterbot_resubmitted_from") == old_id]
+    assert len(copies) == 1
+    api.stop(copies[0].submission_id)
+    wait_for(lambda: not active_jobs(api), 30, "bob's job stopped")
