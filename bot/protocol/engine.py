@@ -165,7 +165,7 @@ class Engine:
 
     def _message(self, op: Operation, mentions: list[str] | None = None) -> Message:
         text = rules.render(op, utcnow(), self.chat.mention, self.chat.when)
-        return Message(text, rules.buttons(op, self.windows), mentions or [])
+        return Message(text, rules.buttons(op, self.windows), mentions or [], op_id=op.op_id)
 
     async def _show(self, op: Operation) -> None:
         """Edit the operation's message if what it shows changed."""
@@ -268,7 +268,10 @@ class Engine:
         await self._save(op)
         await self._journal(op, "announced", by=user.name, params=params, jobs=len(jobs),
                             affected=list(op.affected), unreachable=op.unreachable_jobs)  # fmt: skip
-        op.message_id = await self.chat.post(self._message(op, mentions=list(op.affected)))
+        announcement = self._message(op, mentions=list(op.affected))
+        op.message_id = await self.chat.post(announcement)
+        # What the message shows now: the first tick must not edit it to the same content.
+        self._shown[op.op_id] = announcement.text + "|" + ",".join(b.action for b in announcement.buttons)
         await self._save(op)
         if spec.ceremony == "announce":
             self._spawn(self._execute(op))

@@ -104,3 +104,4 @@ class Message:
     text: str
     buttons: list[Button] = field(default_factory=list)
     mentions: list[str] = field(default_factory=list)  # chat ids to notify (only new messages notify)
+    op_id: str | None = None  # the operation it shows: what its buttons act on
