@@ -6,17 +6,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bot.protocol.engine import Engine, Outcome, Spec
+from bot.protocol.engine import Engine, Look, Outcome, Spec
 from bot.protocol.model import Operation, User
-from ops.jobs import Job
 from ops.locks import Lease, take_over
 from ops.registry import Cluster
 from ops.render import render_restart
 from ops.restart import Step, find_record, plan_restart, resume_restart, start_restart
 
 
-def look_restart(engine: Engine, cluster: Cluster, user: User, params: dict[str, Any]) -> list[Job]:
-    return plan_restart(engine.store, cluster, user.name, params.get("preserve_jobs", True)).jobs
+def look_restart(engine: Engine, cluster: Cluster, user: User, params: dict[str, Any]) -> Look:
+    plan = plan_restart(engine.store, cluster, user.name, params.get("preserve_jobs", True))
+    return Look(plan.jobs, plan.notes)
 
 
 def execute_restart(

@@ -23,7 +23,7 @@ import pytest_asyncio
 
 from bot.adapters.discord_bot import CUSTOM_ID, ClusterBot
 from bot.config import BotConfig, ConfigError, Rights, Settings, Windows
-from bot.protocol.engine import Outcome, Spec
+from bot.protocol.engine import Look, Outcome, Spec
 from bot.protocol.model import Message, State
 from ops import journal
 from ops.errors import Refused
@@ -81,7 +81,7 @@ class World:
         def look(engine, cluster, user, params):  # noqa: ANN001, ANN202
             if self.look_error is not None:
                 raise self.look_error
-            return list(self.jobs)
+            return Look(list(self.jobs), [])
 
         def execute(engine, op, lease, progress):  # noqa: ANN001, ANN202
             self.runs.append(op.op_id)
@@ -227,7 +227,7 @@ async def test_bad_input_and_big_run_get_ephemeral_refusals_and_nothing_happens(
     text, private = await slash(world, "mallory", "unlock", cluster="local")
     assert private and "only an admin" in text
     text, private = await slash(world, "mallory", "cancel")
-    assert private and "no open operation" in text
+    assert private and "no operation that can still be cancelled" in text
     assert world.infra() == [] and bot.engine.ops == {}
     assert current_lock(world.store, "big-run") is None and current_lock(world.store, "local") is None
 

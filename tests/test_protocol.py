@@ -16,7 +16,7 @@ import pytest
 from bot.adapters.recorder import Recorder
 from bot.config import BotConfig, Rights, Windows
 from bot.protocol import rules
-from bot.protocol.engine import Engine, Outcome, Spec
+from bot.protocol.engine import Engine, Look, Outcome, Spec
 from bot.protocol.model import Affected, Operation, State, User, Vote
 from ops.jobs import Job
 from ops.locks import current_lock
@@ -54,7 +54,7 @@ class Fixture:
                 lease.release()
             return Outcome("all went well", owners=[j.owner for j in self.jobs if j.owner])
 
-        return Spec("restart", "full", look=lambda *a: list(self.jobs), execute=execute)
+        return Spec("restart", "full", look=lambda *a: Look(list(self.jobs), []), execute=execute)
 
     def engine(self) -> Engine:
         return Engine(self.store, self.registry, self.config, self.chat, {"restart": self.spec()},
@@ -96,8 +96,8 @@ async def test_all_ok_then_confirm_runs_once(fx: Fixture) -> None:
         assert (await engine.act(BOB, op_id, "ok")).text == "already counted: OK"  # double click
         assert engine.ops[op_id].state == State.AWAITING  # the requester has not confirmed
         await engine.act(ALICE, op_id, "confirm")
-        await until(lambda: engine.ops[op_id].state == State.DONE)
-        assert fx.runs == [op_id]
+        await until(lambda: len(fx.chat.new_posts()) == 2)  # the report follows the DONE state
+        assert engine.ops[op_id].state == State.DONE and fx.runs == [op_id]
         report = fx.chat.new_posts()[-1]
         assert "bob" in report.mentions and "all went well" in report.text
         assert current_lock(fx.store, "local") is None
@@ -293,3 +293,27 @@ def test_delays_are_bounded() -> None:
     op, _ = rules.apply(op, BOB, "delay", "10", now, w)
     assert op.not_before == now + timedelta(minutes=40)
     assert rules.consent(op, now + timedelta(minutes=41))[0]
+
+
+async def test_an_announcement_that_cannot_be_posted_leaves_nothing_behind(fx: Fixture) -> None:
+    async def broken(message):  # noqa: ANN001, ANN202 - Discord down, say
+        raise ConnectionError("chat unreachable")
+
+    fx.chat.post = broken
+    engine = fx.engine()
+    r = await engine.request(ALICE, "restart", "local")
+    assert not r.ok and "nothing was done" in r.text
+    assert current_lock(fx.store, "local") is None
+    assert [o.state for o in engine.ops.values()] == [State.FAILED]
+
+
+async def test_what_the_look_could_not_see_is_on_the_announcement(tmp_path: Path) -> None:
+    fx = Fixture(tmp_path, [], FAST)
+    spec = fx.spec()
+    spec.look = lambda *a: Look([], ["the head does not answer: no job can be listed or backed up"])
+    engine = Engine(fx.store, fx.registry, fx.config, fx.chat, {"restart": spec})
+    await engine.request(ALICE, "restart", "local")
+    text = fx.chat.new_posts()[0].text
+    assert "0 running or pending job(s)" in text and "note: the head does not answer" in text
+    await engine.cancel(ALICE)
+    assert current_lock(fx.store, "local") is None

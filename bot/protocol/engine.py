@@ -57,15 +57,24 @@ class Outcome:
 
 
 @dataclass
+class Look:
+    """What an operation would affect, seen before acting: the jobs, and notes for the announcement
+    (e.g. that the head does not answer, so the jobs are unknown)."""
+
+    jobs: list[Any]
+    notes: list[str]
+
+
+@dataclass
 class Spec:
     """One kind of operation: its ceremony, how to look before acting, and its ops call.
 
-    `look` and `execute` are sync (they call ops) and run in a thread. `look` returns the jobs the
+    `look` and `execute` are sync (they call ops) and run in a thread. `look` says what the
     operation would affect; `execute` runs it holding `lease` and reports progress lines."""
 
     kind: str
     ceremony: Literal["full", "announce"]
-    look: Callable[[Engine, Cluster, User, dict[str, Any]], list[Any]]
+    look: Callable[[Engine, Cluster, User, dict[str, Any]], Look]
     execute: Callable[[Engine, Operation, Lease | None, Callable[[str], None]], Outcome]
 
 
@@ -219,7 +228,7 @@ class Engine:
         if held is not None:
             return Reply(f"{cluster.name} is busy: {held.describe()}", ok=False)
         try:
-            jobs = await asyncio.to_thread(spec.look, self, cluster, user, params)
+            look = await asyncio.to_thread(spec.look, self, cluster, user, params)
             from ops.restart import new_op_id
 
             op_id = new_op_id(cluster.name)
@@ -247,9 +256,10 @@ class Engine:
             created_at=now,
             confirm_deadline=now + timedelta(seconds=self.windows.confirm_s),
             consent_deadline=now + timedelta(seconds=self.windows.consent_s),
-            jobs_total=len(jobs),
+            jobs_total=len(look.jobs),
+            notes=look.notes,
         )
-        for job in jobs:
+        for job in look.jobs:
             chat_id = self.owner_to_chat(job.owner) if job.owner else None
             if chat_id == user.id:
                 continue
@@ -266,10 +276,17 @@ class Engine:
             op.confirmed = True
             op.state = State.EXECUTING
         await self._save(op)
-        await self._journal(op, "announced", by=user.name, params=params, jobs=len(jobs),
+        await self._journal(op, "announced", by=user.name, params=params, jobs=len(look.jobs),
                             affected=list(op.affected), unreachable=op.unreachable_jobs)  # fmt: skip
         announcement = self._message(op, mentions=list(op.affected))
-        op.message_id = await self.chat.post(announcement)
+        try:
+            op.message_id = await self.chat.post(announcement)
+        except Exception as e:  # nobody saw it: it must not hold the cluster
+            log.exception("could not post the announcement of %s", op.op_id)
+            await self._end(op.model_copy(update={"error": f"could not post the announcement: {e}"}),
+                            State.FAILED, "announce_failed")  # fmt: skip
+            return Reply(f"could not post the announcement in #infra ({type(e).__name__}); nothing was done",
+                         ok=False)  # fmt: skip
         # What the message shows now: the first tick must not edit it to the same content.
         self._shown[op.op_id] = announcement.text + "|" + ",".join(b.action for b in announcement.buttons)
         await self._save(op)
@@ -302,9 +319,10 @@ class Engine:
     async def cancel(self, user: User, op_id: str | None = None) -> Reply:
         """/cancel: the given operation, or the caller's newest open one."""
         if op_id is None:
-            mine = [o for o in self.ops.values() if o.open and o.requester.id == user.id]
+            mine = [o for o in self.ops.values() if o.requester.id == user.id
+                    and rules.refusal(o, user, "cancel", self.is_admin(user)) is None]  # fmt: skip
             if not mine:
-                return Reply("you have no open operation to cancel", ok=False)
+                return Reply("you have no operation that can still be cancelled", ok=False)
             op_id = max(mine, key=lambda o: o.created_at).op_id
         return await self.act(user, op_id, "cancel")
 
@@ -429,23 +447,25 @@ class Engine:
         lease = self._leases.pop(op.op_id, None)
         try:
             outcome = await asyncio.to_thread(spec.execute, self, op, lease, progress)
-        except OpsError as e:
-            await self._finish(op.op_id, State.FAILED, error=str(e))
-            return
         except Exception as e:
-            log.exception("operation %s failed", op.op_id)
-            await self._finish(op.op_id, State.FAILED, error=f"unexpected error: {type(e).__name__}: {e}")
+            if not isinstance(e, OpsError):
+                log.exception("operation %s failed", op.op_id)
+            error = str(e) if isinstance(e, OpsError) else f"unexpected error: {type(e).__name__}: {e}"
+            resume = f"`python -m ops restart --cluster {op.cluster} --resume` (or --abandon; backups kept)"
+            report = Message(
+                f"{rules.describe(op)} FAILED (`{op.op_id}`), asked by {self.chat.mention(op.requester.id)}: "
+                f"{error}\nthe cluster stays locked for a resume: {resume}",
+                mentions=[op.requester.id],
+            )
+            await self._finish(op.op_id, State.FAILED, report, error=error)
             return
-        await self._finish(op.op_id, State.DONE, result=outcome.text)
         owners = sorted({c for o in outcome.owners if o and (c := self.owner_to_chat(o))})
-        done = self.ops[op.op_id]
-        lines = [
-            f"{rules.describe(done)} is done (`{done.op_id}`), asked by {done.requester.name}",
-            outcome.text,
-        ]
+        lines = [f"{rules.describe(op)} is done (`{op.op_id}`), asked by {op.requester.name}", outcome.text]
         if owners:
             lines.append("your jobs were resubmitted: " + " ".join(self.chat.mention(c) for c in owners))
-        await self.chat.post(Message("\n".join(lines), mentions=owners))
+        await self._finish(
+            op.op_id, State.DONE, Message("\n".join(lines), mentions=owners), result=outcome.text
+        )
 
     async def _progress(self, op_id: str, line: str) -> None:
         async with self._lock(op_id):
@@ -454,20 +474,18 @@ class Engine:
             await self._save(op)
             await self._show(op)
 
-    async def _finish(self, op_id: str, state: State, **changes: Any) -> None:
+    async def _finish(self, op_id: str, state: State, report: Message, **changes: Any) -> None:
+        """Record the end of an execution, then report it in a new message (edits notify nobody)."""
         await asyncio.sleep(0)  # let queued progress lines land first
         async with self._lock(op_id):
             op = self.ops[op_id].model_copy(update={"state": state, **changes})
             await self._save(op)
             await self._journal(op, state.value, **changes)
             await self._show(op)
-            if state == State.FAILED:
-                resume = f"python -m ops restart --cluster {op.cluster} --resume"
-                text = (
-                    f"{rules.describe(op)} FAILED (`{op.op_id}`): {op.error}\n"
-                    f"the cluster stays locked for a resume: `{resume}` (or --abandon; backups are kept)"
-                )
-                await self.chat.post(Message(text, mentions=[op.requester.id]))
+        try:
+            await self.chat.post(report)
+        except Exception:  # the state and the journal have it; the channel missed the report
+            log.exception("could not post the report of %s", op_id)
 
     # -- start-up -------------------------------------------------------------------------------------
     async def _resume(self) -> None:

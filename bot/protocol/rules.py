@@ -18,7 +18,7 @@ def consent(op: Operation, now: datetime) -> tuple[bool, str]:
         return True, f"admin override by {op.overridden_by}"
     objecting = [a for a in op.affected.values() if a.vote == Vote.OBJECT]
     if objecting:
-        return False, "objection by " + ", ".join(a.chat_id for a in objecting)
+        return False, "objection by " + ", ".join(", ".join(a.owners) for a in objecting)
     if op.not_before and now < op.not_before:
         return False, "delayed for a checkpoint"
     if not op.affected and not op.unreachable_jobs:
@@ -152,6 +152,7 @@ def render(
             owners.append(f"{own} of {op.requester.name}'s own")
         jobs += ": " + "; ".join(owners)
     lines.append(jobs)
+    lines += [f"note: {n}" for n in op.notes]
     if op.kind == "restart":
         lines.append(
             "jobs are backed up and resubmitted after the restart"
@@ -175,7 +176,9 @@ def render(
         if op.overridden_by:
             lines.append(f"consent overridden by admin {op.overridden_by}")
     elif op.state == State.GRACE:
-        lines.append(f"consent reached; starting {when(op.grace_deadline)} unless cancelled")
+        lines.append(
+            f"consent reached ({consent(op, now)[1]}); starting {when(op.grace_deadline)} unless cancelled"
+        )
     elif op.state == State.EXECUTING:
         lines.append("executing…")
     elif op.state == State.CANCELLED:
