@@ -29,7 +29,7 @@ TPU_ZONES = {
 
 
 def test_the_real_registry_has_seven_gcp_clusters_and_local():
-    registry = load_registry()
+    registry = load_registry(DEFAULT_REGISTRY)
     assert set(registry.clusters) == GCP_CLUSTERS | {"local"}
     assert {n for n, c in registry.clusters.items() if c.driver == "gcp"} == GCP_CLUSTERS
     assert registry.get("local").driver == "local"
@@ -37,26 +37,26 @@ def test_the_real_registry_has_seven_gcp_clusters_and_local():
 
 
 def test_only_big_run_is_protected():
-    registry = load_registry()
+    registry = load_registry(DEFAULT_REGISTRY)
     assert {n for n, c in registry.clusters.items() if c.protected} == {"big-run"}
 
 
 @pytest.mark.parametrize("name", sorted(GCP_CLUSTERS))
 def test_each_gcp_cluster_sits_in_a_zone_of_its_tpu_generation(name):
-    cluster = load_registry().get(name)
+    cluster = load_registry(DEFAULT_REGISTRY).get(name)
     assert cluster.zone in TPU_ZONES[cluster.tpu_generation]
     assert cluster.zone.startswith(f"{cluster.region}-")
     assert cluster.worker_tpu.generation == cluster.tpu_generation
 
 
 def test_ray_cluster_names_and_dashboard_ports_are_distinct():
-    clusters = load_registry().clusters.values()
+    clusters = load_registry(DEFAULT_REGISTRY).clusters.values()
     assert len({c.ray_cluster_name for c in clusters}) == len(clusters)
     assert len({c.dashboard_url for c in clusters}) == len(clusters)
 
 
 def test_an_unknown_cluster_lists_the_valid_names():
-    registry = load_registry()
+    registry = load_registry(DEFAULT_REGISTRY)
     with pytest.raises(BadInput) as e:
         registry.get("us-west9")
     assert e.value.reason == "unknown cluster 'us-west9'"

@@ -109,7 +109,10 @@ def test_a_restart_from_a_script_keeps_bobs_job(ops_env: Env, cluster: Cluster, 
     assert re.search(rf"^\[#infra edit {mid}\] .*@bob: 1 \(ok\)$", out, re.M), out
     assert "consent: every affected owner agreed" in out
     assert f"[to alice] confirmed ({op_id})" in out
-    countdown = rf"^\[#infra edit {mid}\] consent reached; starting \d\d:\d\d:\d\d UTC unless cancelled$"
+    countdown = (
+        rf"^\[#infra edit {mid}\] consent reached \(every affected owner agreed\); "
+        rf"starting \d\d:\d\d:\d\d UTC unless cancelled$"
+    )
     assert re.search(countdown, out, re.M), out
     assert re.search(rf"^\[#infra edit {mid}\] executing…$", out, re.M), out
     # the report: a new message, old -> new job id for bob, bob mentioned
