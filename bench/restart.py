@@ -183,7 +183,9 @@ def count_preserved(cluster: Any, before: list[Any]) -> dict[str, int]:
 
 # -- the two restarts --------------------------------------------------------------------------------
 def clusterbot_restart(cluster: Any, store: Any) -> dict[str, Any]:
-    """The library's restart, timed as a whole; phases from the operation record's `durations`."""
+    """The library's restart, timed as a whole; phases from the operation record's `durations`.
+    The process has adopted the cluster's auth, as `python -m ops restart` does, so the GCS is read
+    in-process."""
     from ops.restart import Step, start_restart
 
     events: list[tuple[float, str]] = []
@@ -321,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     isolate(home)
 
     from ops.drivers.local import LocalDriver
+    from ops.gcs_reader import adopt_cluster_auth
     from ops.ray_api import RayApi
     from ops.registry import load_registry
     from ops.store import open_store
@@ -334,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say(f"isolated home {home}; starting the local cluster on 127.0.0.1:{PORTS['dashboard']}")
         driver.start()
+        adopt_cluster_auth(cluster.read_token())  # before Ray reads (and caches) this process's auth
         RayApi(cluster).wait_accepting(ACCEPT_TIMEOUT_S)
         store = open_store()
         variants = {

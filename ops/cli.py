@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 from pydantic import BaseModel
 
 from ops.errors import BadInput, ExitCode, OpsError, Refused
+from ops.gcs_reader import adopt_cluster_auth
 from ops.jobs import active_jobs
 from ops.registry import Registry, load_registry
 from ops.render import render_jobs, render_plan, render_restart, render_status
@@ -187,6 +188,8 @@ def cmd_restart(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     cluster = reg.get(args.cluster)
     store = open_store()
     restart.check_protected(cluster, args.override_protected)
+    if cluster.gcs_address is not None:  # this process works on this one cluster: read its GCS in-process
+        adopt_cluster_auth(cluster.read_token())
     if args.resume and args.abandon:
         raise BadInput("give --resume or --abandon, not both")
     if args.abandon:

@@ -1,8 +1,10 @@
 """Read what only a cluster's GCS holds (JobInfo entrypoint resources, working_dir packages).
 
-Run as a child process (`python -m ops.gcs_reader`) because Ray's GCS client takes its auth token
-from the process environment once per process: a child per read keeps one cluster's token out of
-every other cluster's calls, and out of the command line. Request on stdin, JSON on stdout.
+Ray's GCS client takes its auth token from the process environment, once per process. A process
+that works on one cluster (the CLI) puts that cluster's auth there (`adopt_cluster_auth`) and reads
+in-process; any other process (the bot, which serves every cluster) reads through a child process
+(`python -m ops.gcs_reader`) per read, which keeps one cluster's token out of every other cluster's
+calls, and out of the command line. Request on stdin, JSON on stdout.
 """
 
 from __future__ import annotations
@@ -17,8 +19,29 @@ from typing import Any
 from ops.errors import OpsError
 
 
+def adopt_cluster_auth(token: str | None) -> None:
+    """For a process that works on one cluster: put its auth where Ray's clients read it."""
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    if token:
+        os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    else:
+        os.environ["RAY_AUTH_MODE"] = "disabled"
+        os.environ.pop("RAY_AUTH_TOKEN", None)
+
+
+def _process_has_auth(token: str | None) -> bool:
+    if token:
+        return os.environ.get("RAY_AUTH_MODE") == "token" and os.environ.get("RAY_AUTH_TOKEN") == token
+    return os.environ.get("RAY_AUTH_MODE") == "disabled"
+
+
 def read_gcs(address: str, token: str | None, request: dict[str, Any], timeout: float = 60) -> Any:
     """Run one request ({"op": "snapshot"}: job infos and packages of unfinished jobs) against the GCS."""
+    if _process_has_auth(token):
+        try:
+            return _serve(address, request)
+        except Exception:  # Ray read its auth before it was adopted (it caches it): use a child
+            pass
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env.update(RAY_AUTH_MODE="token" if token else "disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     if token:
