@@ -280,8 +280,8 @@ class RestartRun:
             journal.append(self.store, self.record.scope, "failed", at_step=self.record.step.value,
                            error=reason)  # fmt: skip
             self.lease.expire()
-        except Exception:
-            pass  # the lease then expires on its own
+        except Exception:  # the store is unreachable too: the lease then expires on its own
+            return
 
     def _backup_jobs(self, jobs: list[Any]) -> tuple[list[str], list[str]]:
         """Write each job (and its packages) to the store: (ids written, what could not be kept)."""
