@@ -45,7 +45,13 @@ def execute_restart(
         )
     result = run.run()
     owners = [x.owner for x in result.resubmitted if x.status == "submitted" and x.owner]
-    return Outcome(render_restart(result), owners)
+    text = render_restart(result)
+    later = [x for x in result.resubmitted if x.old_id not in op.job_ids]
+    if later:  # the backup is taken at execution: jobs submitted after the announcement are in it
+        text += "\nsubmitted after the announcement, preserved too: " + ", ".join(
+            f"{x.old_id} ({x.owner or 'owner unknown'})" for x in later
+        )
+    return Outcome(text, owners)
 
 
 SPECS = {

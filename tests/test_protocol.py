@@ -317,3 +317,36 @@ async def test_what_the_look_could_not_see_is_on_the_announcement(tmp_path: Path
     assert "0 running or pending job(s)" in text and "note: the head does not answer" in text
     await engine.cancel(ALICE)
     assert current_lock(fx.store, "local") is None
+
+
+async def test_rights_per_command_and_per_cluster(tmp_path: Path) -> None:
+    fx = Fixture(tmp_path, [], FAST)
+    fx.config.rights = Rights(admin_roles=["infra-admin"], commands={"restart": ["researcher"]},
+                              clusters={"us-east5": ["v6e-team"]})  # fmt: skip
+    engine = fx.engine()
+    r = await engine.request(MALLORY, "restart", "local")
+    assert not r.ok and "researcher" in r.text
+    researcher = User(id="rita", name="rita", roles=["researcher"])
+    r = await engine.request(researcher, "restart", "us-east5")
+    assert not r.ok and "v6e-team" in r.text
+    assert not engine.ops
+    r = await engine.request(researcher, "restart", "local")
+    assert r.ok, r.text
+    await engine.cancel(researcher)
+    r = await engine.request(ADMIN, "restart", "local")  # admins may do everything
+    assert r.ok, r.text
+    await engine.cancel(ADMIN)
+
+
+async def test_a_restart_started_from_the_cli_shows_as_holding_the_cluster(fx: Fixture) -> None:
+    from ops.restart import Settings, start_restart
+
+    run = start_restart(fx.store, fx.registry.get("local"), "dave", True, Settings(lease_s=30))
+    try:
+        engine = fx.engine()
+        r = await engine.request(ALICE, "restart", "local")
+        assert not r.ok
+        assert f"local is busy: restart {run.record.op_id} by dave since" in r.text
+        assert not engine.ops
+    finally:
+        run.lease.release()

@@ -82,11 +82,13 @@ def test_a_restart_from_a_script_keeps_bobs_job(ops_env: Env, cluster: Cluster, 
         ops_env,
         tmp_path,
         """\
-        # bob has a job; alice restarts; bob agrees; alice confirms
+        # bob has a job; alice restarts; carol submits one after the announcement; bob agrees; alice confirms
         /as bob
         /submit sleep 600
         /as alice
         /restart local
+        /as carol
+        /submit sleep 700
         /as bob
         ok
         /as alice
@@ -118,7 +120,9 @@ def test_a_restart_from_a_script_keeps_bobs_job(ops_env: Env, cluster: Cluster, 
     # the report: a new message, old -> new job id for bob, bob mentioned
     report = out[out.index(f"restart local is done ({op_id}), asked by alice") :]
     new_id = re.search(rf"^\s+bob: {re.escape(old_id)} -> (\S+)$", report, re.M).group(1)
-    assert "your jobs were resubmitted: @bob" in report
+    assert "your jobs were resubmitted: @bob @carol" in report
+    carol_id = re.search(r"^\[to carol\] submitted (\S+) on local as carol: sleep 700$", out, re.M).group(1)
+    assert f"submitted after the announcement, preserved too: {carol_id} (carol)" in report
     assert f"[clusterbot] {op_id} is done" in out
     assert operations(tmp_path)[op_id].state == State.DONE
     assert current_lock(LocalStore(tmp_path / "store"), "local") is None
@@ -130,8 +134,9 @@ def test_a_restart_from_a_script_keeps_bobs_job(ops_env: Env, cluster: Cluster, 
 
     job = wait_for(running, 60, f"bob's resubmitted job {new_id} running")
     assert job.owner == "bob" and job.entrypoint == "sleep 600"
-    api.stop(new_id)  # a clean slate for the next test (else its fixture restarts the head)
-    wait_for(lambda: not active_jobs(api), 30, "bob's job stopped")
+    for j in active_jobs(api):  # a clean slate for the next test (else its fixture restarts the head)
+        api.stop(j.submission_id)
+    wait_for(lambda: not active_jobs(api), 30, "bob's and carol's jobs stopped")
 
 
 def test_bad_input_and_wrong_users_change_nothing(ops_env: Env, cluster: Cluster, tmp_path: Path) -> None:

@@ -257,6 +257,7 @@ class Engine:
             confirm_deadline=now + timedelta(seconds=self.windows.confirm_s),
             consent_deadline=now + timedelta(seconds=self.windows.consent_s),
             jobs_total=len(look.jobs),
+            job_ids=[j.submission_id for j in look.jobs],
             notes=look.notes,
         )
         for job in look.jobs:

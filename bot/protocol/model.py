@@ -60,6 +60,7 @@ class Operation(BaseModel):
     unreachable_jobs: int = 0  # jobs whose owner is unknown or has no chat user: nobody to ask
     unreachable_owners: list[str] = Field(default_factory=list)
     jobs_total: int = 0
+    job_ids: list[str] = Field(default_factory=list)  # the jobs seen at the announcement
     notes: list[str] = Field(default_factory=list)  # what the look before acting could not see
     confirm_deadline: datetime | None = None
     consent_deadline: datetime | None = None
