@@ -1,22 +1,35 @@
-"""Read what only a cluster's GCS holds (JobInfo entrypoint resources, working_dir packages).
+"""How to run the GCS snapshot (ops/gcs_snapshot.py) for a cluster, fastest way first.
 
-Ray's GCS client takes its auth token from the process environment, once per process. A process
-that works on one cluster (the CLI) puts that cluster's auth there (`adopt_cluster_auth`) and reads
-in-process; any other process (the bot, which serves every cluster) reads through a child process
-(`python -m ops.gcs_reader`) per read, which keeps one cluster's token out of every other cluster's
-calls, and out of the command line. Request on stdin, JSON on stdout.
+1. In this process, when this process has adopted the cluster's auth (`adopt_cluster_auth`: the CLI,
+   which works on one cluster): Ray's GCS client takes its token from the process environment and
+   caches it, so only a process dedicated to one cluster may do this.
+2. In a child process, when this machine reaches the cluster's GCS port (the local cluster): the
+   token goes in the child's environment, never on a command line.
+3. As a job on the cluster itself, submitted through the dashboard with the cluster's token, when
+   only the dashboard is reachable (the GCP clusters): the snapshot's source runs on the head and
+   prints its result to the job's log, which we read back. Packages are capped in size there.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import subprocess
 import sys
-from typing import Any
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from ops import gcs_snapshot
 from ops.errors import OpsError
+
+if TYPE_CHECKING:
+    from ops.ray_api import RayApi
+
+MAX_PACKAGE_BYTES_VIA_JOB = 64 * 2**20  # base64 in a job log: beyond this, a package is not kept
 
 
 def adopt_cluster_auth(token: str | None) -> None:
@@ -35,11 +48,11 @@ def _process_has_auth(token: str | None) -> bool:
     return os.environ.get("RAY_AUTH_MODE") == "disabled"
 
 
-def read_gcs(address: str, token: str | None, request: dict[str, Any], timeout: float = 60) -> Any:
-    """Run one request ({"op": "snapshot"}: job infos and packages of unfinished jobs) against the GCS."""
+def read_gcs(address: str, token: str | None, timeout: float = 60) -> dict[str, Any]:
+    """The snapshot of the GCS at `address` (reachable from here), in-process or in a child."""
     if _process_has_auth(token):
         try:
-            return _serve(address, request)
+            return gcs_snapshot.snapshot(address)
         except Exception:  # Ray read its auth before it was adopted (it caches it): use a child
             pass
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
@@ -47,45 +60,50 @@ def read_gcs(address: str, token: str | None, request: dict[str, Any], timeout: 
     if token:
         env["RAY_AUTH_TOKEN"] = token
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "ops.gcs_reader", address],
-            input=json.dumps(request).encode(),
-            capture_output=True,
-            env=env,
-            timeout=timeout,
-        )
+        proc = subprocess.run([sys.executable, "-m", "ops.gcs_snapshot", address], capture_output=True,
+                              env=env, timeout=timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
         raise OpsError(f"reading the GCS at {address} took over {timeout:.0f}s") from None
     if proc.returncode != 0:
         last = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise OpsError(f"reading the GCS at {address} failed: {last[0][:300]}")
-    return json.loads(proc.stdout)
+    return _parse(proc.stdout.decode())
 
 
-def _serve(address: str, request: dict[str, Any]) -> Any:
-    from ray._private.ray_constants import KV_NAMESPACE_JOB
-    from ray._raylet import GcsClient
-    from ray.dashboard.modules.job.common import JobInfoStorageClient
+def read_via_job(api: RayApi, timeout: float = 180) -> dict[str, Any]:
+    """The snapshot, taken by a job on the cluster itself (only its dashboard is reachable)."""
+    from ops.ray_api import PROBE_PREFIX
 
-    gcs = GcsClient(address=address)
-    if request["op"] == "snapshot":
-        prefix = JobInfoStorageClient.JOB_DATA_KEY_PREFIX.encode()
-        keys = gcs.internal_kv_keys(prefix, KV_NAMESPACE_JOB, timeout=20)
-        values = gcs.internal_kv_multi_get(keys, KV_NAMESPACE_JOB, timeout=20) if keys else {}
-        infos = {k[len(prefix) :].decode(): json.loads(v) for k, v in values.items()}
-        uris = set()
-        for info in infos.values():
-            if info.get("status") in ("PENDING", "RUNNING"):
-                env = json.loads(info.get("runtime_env_json") or "{}")
-                uris.update(u for u in [env.get("working_dir"), *(env.get("py_modules") or [])]
-                            if isinstance(u, str) and u.startswith("gcs://"))  # fmt: skip
-        packages = {}
-        for uri in sorted(uris):
-            data = gcs.internal_kv_get(uri.encode(), None, timeout=60)
-            packages[uri] = None if data is None else base64.b64encode(data).decode()
-        return {"infos": infos, "packages": packages}
-    raise ValueError(f"unknown op {request['op']!r}")
+    code = base64.b64encode(Path(gcs_snapshot.__file__).read_bytes()).decode()
+    entrypoint = (
+        f"python -c \"import base64; exec(base64.b64decode('{code}'))\" - {MAX_PACKAGE_BYTES_VIA_JOB}"
+    )
+    sid = f"{PROBE_PREFIX}snapshot-{uuid.uuid4().hex[:12]}"
+    try:
+        api.submit(entrypoint=entrypoint, submission_id=sid, entrypoint_num_cpus=0)
+    except Exception as e:
+        raise OpsError(f"the snapshot job was not accepted by {api.cluster.name}: {str(e)[:300]}") from None
+    deadline = time.monotonic() + timeout
+    status = None
+    while time.monotonic() < deadline:
+        status = api.status(sid)
+        if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        time.sleep(0.5)
+    try:
+        if status != "SUCCEEDED":
+            raise OpsError(f"the snapshot job on {api.cluster.name} ended {status or 'unfinished'}")
+        return _parse(api.jobs.get_job_logs(sid))
+    finally:
+        with contextlib.suppress(Exception):  # a leftover probe is hidden from job lists anyway
+            if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                api.jobs.delete_job(sid)
+            else:
+                api.stop(sid)
 
 
-if __name__ == "__main__":
-    json.dump(_serve(sys.argv[1], json.load(sys.stdin)), sys.stdout)
+def _parse(output: str) -> dict[str, Any]:
+    for line in reversed(output.splitlines()):
+        if line.startswith(gcs_snapshot.MARKER):
+            return json.loads(line[len(gcs_snapshot.MARKER) :])
+    raise OpsError("the GCS snapshot printed no result")

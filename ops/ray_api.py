@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from ops.errors import OpsError
-from ops.gcs_reader import read_gcs
+from ops.gcs_reader import read_gcs, read_via_job
 from ops.registry import Cluster
 
 HTTP_TIMEOUT_S = 10.0
@@ -147,12 +147,16 @@ class RayApi:
             pass
 
     # -- what only the GCS has ----------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any] | None:
-        """JobInfo of every job (entrypoint resources) and the bytes of every `gcs://` package that an
-        unfinished job uses, read from the GCS in one go; None when this machine cannot reach it."""
-        if self.cluster.gcs_address is None:
+    def snapshot(self, via_job: bool | None = None) -> dict[str, Any] | None:
+        """JobInfo of every job (entrypoint resources) and the bytes of the `gcs://` packages that
+        unfinished jobs use: from the GCS port when this machine reaches it, else through a job on
+        the cluster (ops/gcs_reader.py). None when neither works."""
+        if via_job is None:
+            via_job = self.cluster.gcs_address is None
+        try:
+            got = read_via_job(self) if via_job else read_gcs(self.cluster.gcs_address or "", self._token)
+        except OpsError:
             return None
-        got = read_gcs(self.cluster.gcs_address, self._token, {"op": "snapshot"})
         got["packages"] = {u: None if b is None else base64.b64decode(b) for u, b in got["packages"].items()}
         return got
 

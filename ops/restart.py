@@ -174,11 +174,6 @@ def plan_restart(store: Store, cluster: Cluster, caller: str, preserve_jobs: boo
     jobs = active_jobs(api) if reachable else []
     if not reachable:
         notes.append("the head does not answer: no job can be listed or backed up")
-    elif preserve_jobs and jobs and cluster.gcs_address is None:
-        notes.append(
-            "this machine cannot reach the cluster's GCS: entrypoint resources and working_dir "
-            "packages of the jobs cannot be backed up"
-        )
     if not preserve_jobs and jobs:
         notes.append("--preserve-jobs 0: running and pending jobs are stopped and NOT resubmitted")
     owners = Counter(j.owner_label for j in jobs)
@@ -286,7 +281,7 @@ class RestartRun:
     def _backup_jobs(self, jobs: list[Any]) -> tuple[list[str], list[str]]:
         """Write each job (and its packages) to the store: (ids written, what could not be kept)."""
         scope = self.record.scope
-        snap = self.api.snapshot() or {"infos": None, "packages": {}}
+        snap = self.api.snapshot() or {"infos": None, "packages": {}, "too_large": []}
         written, notes = [], []
         for d in jobs:
             owner, source = owner_of(d.submission_id, d.metadata)
@@ -306,9 +301,12 @@ class RestartRun:
                 job.entrypoint_memory = info.get("entrypoint_memory")
                 job.entrypoint_resources = info.get("entrypoint_resources")
             else:
-                job.not_preserved.append("entrypoint resources (the cluster's GCS is not reachable)")
+                job.not_preserved.append("entrypoint resources (the cluster's GCS could not be read)")
             for uri in package_uris(job.runtime_env):
                 data = snap["packages"].get(uri)
+                if uri in snap["too_large"]:
+                    job.not_preserved.append(f"package {uri} (too large to fetch through the dashboard)")
+                    continue
                 if data is None:
                     job.not_preserved.append(f"package {uri} (not readable from the cluster's GCS)")
                     continue

@@ -248,3 +248,23 @@ def test_a_restart_killed_with_its_journal_on_gcs_is_resumed(
         assert resumed.code == 0, resumed
         check_survived(cluster, ids)
         assert current_lock(store, "local") is None
+
+
+def test_a_cluster_whose_gcs_is_out_of_reach_is_read_through_a_job(cluster: Cluster, tmp_path: Path) -> None:
+    """For the GCP clusters only the dashboard is reachable: the snapshot then runs as a job on the
+    cluster itself and must bring back what reading the GCS port brings (resources, packages)."""
+    ids = stage_jobs(cluster, tmp_path)
+    api = RayApi(cluster)
+
+    direct = api.snapshot(via_job=False)
+    remote = api.snapshot(via_job=True)
+
+    assert direct is not None and remote is not None
+    for sid in ids.values():
+        for field in ("entrypoint", "entrypoint_num_cpus", "entrypoint_resources", "metadata"):
+            assert remote["infos"][sid].get(field) == direct["infos"][sid].get(field), (sid, field)
+    assert remote["infos"][ids["carol"]]["entrypoint_resources"] == {"TPU-v5p-8-head": 1}
+    assert remote["packages"] == direct["packages"] and len(remote["packages"]) == 1
+    assert all(data for data in remote["packages"].values())
+    # the snapshot job cleans up after itself and never shows as a job
+    assert {j.submission_id for j in active_jobs(api)} == set(ids.values())

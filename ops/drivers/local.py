@@ -97,6 +97,8 @@ class LocalDriver:
             RAY_USAGE_STATS_ENABLED="0",
             RAY_AUTH_MODE="disabled",
             CLUSTERBOT_LOCAL_HEAD=str(self.temp_dir),  # inherited by every process: how stop() finds them
+            # Job entrypoints say `python`: on a real cluster that is the image's, with Ray; here ours.
+            PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         )
         token_path = self.token_path()
         if token_path is not None:
