@@ -8,6 +8,8 @@ real restart through the engine is in test_bot_restart.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -66,6 +68,17 @@ FAST = Windows(
 )
 
 
+@contextlib.asynccontextmanager
+async def running(fx: Fixture) -> AsyncIterator[Engine]:
+    """The engine started (its clock ticking) for the test, closed after it."""
+    engine = fx.engine()
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.close()
+
+
 async def until(predicate, timeout: float = 10.0) -> None:  # noqa: ANN001
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -81,9 +94,7 @@ def fx(tmp_path: Path) -> Fixture:
 
 
 async def test_all_ok_then_confirm_runs_once(fx: Fixture) -> None:
-    engine = fx.engine()
-    await engine.start()
-    try:
+    async with running(fx) as engine:
         r = await engine.request(ALICE, "restart", "local")
         assert r.ok, r.text
         op_id = next(iter(engine.ops))
@@ -101,14 +112,10 @@ async def test_all_ok_then_confirm_runs_once(fx: Fixture) -> None:
         report = fx.chat.new_posts()[-1]
         assert "bob" in report.mentions and "all went well" in report.text
         assert current_lock(fx.store, "local") is None
-    finally:
-        await engine.close()
 
 
 async def test_lazy_consent_when_the_window_passes_without_objection(fx: Fixture) -> None:
-    engine = fx.engine()
-    await engine.start()
-    try:
+    async with running(fx) as engine:
         await engine.request(ALICE, "restart", "local")
         op_id = next(iter(engine.ops))
         await engine.act(ALICE, op_id, "confirm")
@@ -116,14 +123,10 @@ async def test_lazy_consent_when_the_window_passes_without_objection(fx: Fixture
         assert engine.ops[op_id].state == State.AWAITING  # bob has not answered, window open
         await until(lambda: engine.ops[op_id].state == State.DONE, timeout=10)
         assert fx.runs == [op_id]
-    finally:
-        await engine.close()
 
 
 async def test_an_objection_blocks_until_withdrawn(fx: Fixture) -> None:
-    engine = fx.engine()
-    await engine.start()
-    try:
+    async with running(fx) as engine:
         await engine.request(ALICE, "restart", "local")
         op_id = next(iter(engine.ops))
         await engine.act(ALICE, op_id, "confirm")
@@ -133,14 +136,10 @@ async def test_an_objection_blocks_until_withdrawn(fx: Fixture) -> None:
         assert "objection by bob" in fx.chat.text(engine.ops[op_id].message_id)
         assert (await engine.act(BOB, op_id, "ok")).text == "objection withdrawn: OK counted"
         await until(lambda: engine.ops[op_id].state == State.DONE)
-    finally:
-        await engine.close()
 
 
 async def test_admin_override_passes_an_objection(fx: Fixture) -> None:
-    engine = fx.engine()
-    await engine.start()
-    try:
+    async with running(fx) as engine:
         await engine.request(ALICE, "restart", "local")
         op_id = next(iter(engine.ops))
         await engine.act(BOB, op_id, "object")
@@ -149,14 +148,10 @@ async def test_admin_override_passes_an_objection(fx: Fixture) -> None:
         await engine.act(ADMIN, op_id, "override")
         await engine.act(ALICE, op_id, "confirm")
         await until(lambda: engine.ops[op_id].state == State.DONE)
-    finally:
-        await engine.close()
 
 
 async def test_wrong_people_are_refused_politely_and_nothing_changes(fx: Fixture) -> None:
-    engine = fx.engine()
-    await engine.start()
-    try:
+    async with running(fx) as engine:
         await engine.request(ALICE, "restart", "local")
         op_id = next(iter(engine.ops))
         before = engine.ops[op_id]
@@ -165,15 +160,11 @@ async def test_wrong_people_are_refused_politely_and_nothing_changes(fx: Fixture
             r = await engine.act(user, op_id, action, "10")
             assert not r.ok and r.ephemeral, (user, action)
         assert engine.ops[op_id] == before
-    finally:
-        await engine.close()
 
 
 async def test_cancel_during_grace(tmp_path: Path) -> None:
     fx = Fixture(tmp_path, [job("alice")], FAST.model_copy(update={"grace_s": 30}))
-    engine = fx.engine()
-    await engine.start()
-    try:
+    async with running(fx) as engine:
         await engine.request(ALICE, "restart", "local")
         op_id = next(iter(engine.ops))
         await engine.act(ALICE, op_id, "confirm")  # only her own job: her confirmation suffices
@@ -183,35 +174,25 @@ async def test_cancel_during_grace(tmp_path: Path) -> None:
         await engine.act(ALICE, op_id, "cancel")
         assert engine.ops[op_id].state == State.CANCELLED
         assert fx.runs == [] and current_lock(fx.store, "local") is None
-    finally:
-        await engine.close()
 
 
 async def test_second_request_is_told_who_holds_the_cluster(fx: Fixture) -> None:
-    engine = fx.engine()
-    await engine.start()
-    try:
+    async with running(fx) as engine:
         first, second = await asyncio.gather(engine.request(ALICE, "restart", "local"),
                                              engine.request(BOB, "restart", "local"))  # fmt: skip
         assert sorted([first.ok, second.ok]) == [False, True]
         loser = second if first.ok else first
         assert "busy" in loser.text or "locked" in loser.text
         assert len(engine.ops) == 1
-    finally:
-        await engine.close()
 
 
 async def test_unconfirmed_requests_expire_and_free_the_cluster(tmp_path: Path) -> None:
     fx = Fixture(tmp_path, [], FAST.model_copy(update={"confirm_s": 0.5}))
-    engine = fx.engine()
-    await engine.start()
-    try:
+    async with running(fx) as engine:
         await engine.request(ALICE, "restart", "local")
         op_id = next(iter(engine.ops))
         await until(lambda: engine.ops[op_id].state == State.EXPIRED)
         assert current_lock(fx.store, "local") is None and fx.runs == []
-    finally:
-        await engine.close()
 
 
 async def test_bad_input_and_protection(fx: Fixture) -> None:

@@ -31,7 +31,7 @@ from ops.store import LocalStore, read_model
 from tests.localray import Env, Result, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
-TERMINAL = [sys.executable, "-c", "from bot.adapters.terminal import main; main()"]
+TERMINAL = [sys.executable, "-m", "bot"]  # no DISCORD_TOKEN in the tests' environment: the terminal
 FAST = """\
 rights: {admins: [admin]}
 windows: {confirm_s: 120, consent_s: 120, grace_s: 1, tick_s: 0.2}

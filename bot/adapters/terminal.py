@@ -31,7 +31,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from bot.config import ConfigError, Settings, load_settings
+from bot.config import Settings
 from bot.protocol import rules
 from bot.protocol.engine import Engine
 from bot.protocol.model import Button, Message, Reply, State, User
@@ -653,14 +653,9 @@ async def run(settings: Settings, interactive: bool, console: Console | None = N
     return code
 
 
-def main() -> None:
+def main(settings: Settings) -> None:
     """`python -m bot` without a Discord token: the terminal chat (interactive, or a script on stdin)."""
     logging.basicConfig(level=logging.WARNING, format="[log] %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = load_settings()
-    except ConfigError as e:
-        print(f"clusterbot: {e}", file=sys.stderr)
-        sys.exit(2)
     interactive = sys.stdin.isatty()
     global _SAVED_TTY
     _SAVED_TTY = _tty_state()
@@ -700,7 +695,3 @@ def _restore_tty(saved: Any) -> None:
         termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved)
     except Exception:
         pass
-
-
-if __name__ == "__main__":
-    main()
