@@ -5,8 +5,8 @@ process and uses a filesystem backend): in-memory backend, a free 127.0.0.1 port
 answers, and a stop by its pid. Tests get a client bound to it explicitly; tests that need
 STORAGE_EMULATOR_HOST set it with monkeypatch.
 
-Shared fixtures live here (not in conftest.py): import them in a test module with
-`from tests.gcs_emulator import gcs_server, gcs_bucket  # noqa: F401`.
+The fixtures defined here (`gcs_server`, `gcs_bucket`, and `make_store` / `store` over both
+backends) reach every test module through tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from ops.store import GcsStore, LocalStore, Store
 
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
@@ -159,3 +161,23 @@ def gcs_server() -> Iterator[GcsEmulator]:
 def gcs_bucket(gcs_server: GcsEmulator) -> str:
     """A fresh, empty bucket for one test."""
     return gcs_server.create_bucket(f"test-{uuid.uuid4().hex[:12]}")
+
+
+StoreFactory = Callable[[], Store]
+
+
+@pytest.fixture(params=["local", "gcs"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    """Independent store objects on the same backing storage, as separate processes would have: a
+    directory, or a bucket prefix on fake-gcs-server with a client of its own per store."""
+    if request.param == "local":
+        root = tmp_path / "store"
+        return lambda: LocalStore(root)
+    server: GcsEmulator = request.getfixturevalue("gcs_server")
+    bucket = request.getfixturevalue("gcs_bucket")
+    return lambda: GcsStore(f"gs://{bucket}/some/prefix", client=server.client())
+
+
+@pytest.fixture
+def store(make_store: StoreFactory) -> Store:
+    return make_store()

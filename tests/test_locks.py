@@ -5,35 +5,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from ops import locks
 from ops.errors import Refused
 from ops.locks import Lease, acquire, current_lock, force_unlock, take_over
-from ops.store import GcsStore, LocalStore, Store
-from tests.gcs_emulator import GcsEmulator, gcs_bucket, gcs_server  # noqa: F401 - fixtures
+from ops.store import Store
+from tests.gcs_emulator import StoreFactory
 
 WAIT_S = 10.0  # upper bound of every wait below
-
-StoreFactory = Callable[[], Store]
-
-
-@pytest.fixture(params=["local", "gcs"])
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
-    """Independent store objects on the same backing storage, as separate processes would have."""
-    if request.param == "local":
-        root = tmp_path / "store"
-        return lambda: LocalStore(root)
-    server: GcsEmulator = request.getfixturevalue("gcs_server")
-    bucket = request.getfixturevalue("gcs_bucket")
-    return lambda: GcsStore(f"gs://{bucket}/state", client=server.client())
-
-
-@pytest.fixture
-def store(make_store: StoreFactory) -> Store:
-    return make_store()
 
 
 @pytest.fixture

@@ -11,28 +11,9 @@ import requests
 
 from ops.errors import BadInput
 from ops.store import Conflict, GcsStore, LocalStore, Store, open_store
-from tests.gcs_emulator import GcsEmulator, gcs_bucket, gcs_server  # noqa: F401 - fixtures
+from tests.gcs_emulator import GcsEmulator, StoreFactory
 
 JOIN_TIMEOUT_S = 30.0
-
-StoreFactory = Callable[[], Store]
-
-
-@pytest.fixture(params=["local", "gcs"])
-def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
-    """Makes independent store objects on the same backing storage (as separate processes would have):
-    each GcsStore gets its own client."""
-    if request.param == "local":
-        root = tmp_path / "store"
-        return lambda: LocalStore(root)
-    server: GcsEmulator = request.getfixturevalue("gcs_server")
-    bucket = request.getfixturevalue("gcs_bucket")
-    return lambda: GcsStore(f"gs://{bucket}/some/prefix", client=server.client())
-
-
-@pytest.fixture
-def store(make_store: StoreFactory) -> Store:
-    return make_store()
 
 
 def run_threads(target: Callable[[int], None], n: int) -> None:
@@ -123,7 +104,7 @@ def test_list_with_prefixes(store: Store) -> None:
     assert store.list("nope") == []
 
 
-def test_gcs_prefixes_are_isolated(gcs_server: GcsEmulator, gcs_bucket: str) -> None:  # noqa: F811
+def test_gcs_prefixes_are_isolated(gcs_server: GcsEmulator, gcs_bucket: str) -> None:
     a = GcsStore(f"gs://{gcs_bucket}/a", client=gcs_server.client())
     b = GcsStore(f"gs://{gcs_bucket}/b/", client=gcs_server.client())
     root = GcsStore(f"gs://{gcs_bucket}", client=gcs_server.client())
@@ -206,8 +187,8 @@ class _LoseFirstUploadReply(requests.adapters.HTTPAdapter):
 
 @pytest.mark.parametrize("op", ["create", "replace"])
 def test_gcs_retried_write_whose_first_try_landed(
-    gcs_server: GcsEmulator,  # noqa: F811
-    gcs_bucket: str,  # noqa: F811
+    gcs_server: GcsEmulator,
+    gcs_bucket: str,
     op: str,
 ) -> None:
     """The client retries an upload whose reply was lost; the retry gets 412 because the first try
@@ -238,8 +219,8 @@ def test_open_store_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_open_store_gs_through_emulator_env(
-    gcs_server: GcsEmulator,  # noqa: F811
-    gcs_bucket: str,  # noqa: F811
+    gcs_server: GcsEmulator,
+    gcs_bucket: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
