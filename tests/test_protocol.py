@@ -43,7 +43,6 @@ class Fixture:
         self.registry = load_registry()
         self.jobs = jobs
         self.runs: list[str] = []
-        self.release = asyncio.Event()
         self.config = BotConfig(rights=Rights(admin_roles=["infra-admin"]), windows=windows,
                                 owners={"alice": "alice", "bob": "bob", "carol": "carol"})  # fmt: skip
         self.chat = Recorder()
