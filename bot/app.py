@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 from bot.config import Settings
 from bot.operations import SPECS
-from bot.protocol.engine import Chat, Engine
+from bot.protocol.engine import Chat, Engine, Spec
 from ops.registry import Registry, load_registry
+from ops.restart import Settings as RestartSettings
 from ops.store import Store, open_store
 
 
@@ -17,13 +18,17 @@ def build_engine(
     registry: Registry | None = None,
     store: Store | None = None,
     owner_to_chat: Callable[[str], str | None] | None = None,
+    specs: dict[str, Spec] | None = None,
+    restart_settings: RestartSettings | None = None,
 ) -> Engine:
-    """The engine for `chat`: the CLI's store (CLUSTERBOT_STORE) and registry, the bot config's rights."""
+    """The engine for `chat`: the CLI's store (CLUSTERBOT_STORE) and registry, the bot config's rights,
+    the registered operations (tests pass their own)."""
     return Engine(
         store or open_store(),
         registry or load_registry(),
         settings.config,
         chat,
-        SPECS,
+        SPECS if specs is None else specs,
         owner_to_chat=owner_to_chat,
+        restart_settings=restart_settings,
     )

@@ -32,14 +32,14 @@ from discord.ext import commands
 from bot.adapters.cogs import CONTENT_LIMIT, NO_PINGS, answer_privately, fit, send, user_of
 from bot.adapters.cogs.operations import Operations
 from bot.adapters.cogs.readonly import ReadOnly
+from bot.app import build_engine
 from bot.config import ConfigError, Settings
-from bot.operations import SPECS
-from bot.protocol.engine import Engine, Spec
+from bot.protocol.engine import Spec
 from bot.protocol.model import Message
 from ops.errors import OpsError
-from ops.registry import Registry, load_registry
+from ops.registry import Registry
 from ops.restart import Settings as RestartSettings
-from ops.store import Store, open_store
+from ops.store import Store
 
 log = logging.getLogger("clusterbot.discord")
 
@@ -150,15 +150,10 @@ class ClusterBot(commands.Bot):
         self.settings = settings
         self.guild_id: int = settings.guild_id  # type: ignore[assignment]  # checked above
         self.infra_channel_id: int = settings.infra_channel_id  # type: ignore[assignment]
-        self.engine = Engine(
-            store or open_store(),
-            registry or load_registry(),
-            settings.config,
-            self,
-            specs if specs is not None else SPECS,
-            owner_to_chat=owner_to_chat,
+        self.engine = build_engine(
+            self, settings, registry=registry, store=store, owner_to_chat=owner_to_chat, specs=specs,
             restart_settings=restart_settings,
-        )
+        )  # fmt: skip
         self.synced: list[app_commands.AppCommand] = []
         self._engine_closed = False
 
