@@ -17,12 +17,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import yaml
 
 from ops.errors import OpsError
 from ops.registry import Cluster, clusterbot_home
+
+if TYPE_CHECKING:
+    from ops.ray_api import RayApi
 
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 2.0  # Ray ignores SIGTERM for 10 s and more; jobs were stopped and backed up already
@@ -143,9 +147,24 @@ class LocalDriver:
         return self._head_process() is not None
 
     def start(self) -> str:
+        """Start the head and wait until its own node is registered and alive (the dashboard answers
+        earlier than that). A head that dies while starting (seen under load: its raylet missed the
+        registration deadline) is cleaned up and started once more."""
         url = self.cluster.dashboard_url
         if self.is_up():
             return f"local cluster already up, dashboard at {url}"
+        for attempt in (1, 2):
+            try:
+                pid = self._start_once()
+                break
+            except _HeadDied:
+                if attempt == 2:
+                    raise OpsError(
+                        "the local Ray head exited twice while starting", f"see {self.log_file}"
+                    ) from None
+        return f"local cluster up (pid {pid}), dashboard at {url}"
+
+    def _start_once(self) -> int:
         self.stop()  # leftovers of a head that died leave ports taken
         self.state_dir.mkdir(parents=True, exist_ok=True)
         token_path = self.token_path()
@@ -172,21 +191,24 @@ class LocalDriver:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                self._cleanup_pidfile()
-                raise OpsError(
-                    f"the local Ray head exited with code {proc.returncode} while starting",
-                    f"see {self.log_file}",
-                )
-            if api.reachable():
-                break
+                self.stop()
+                raise _HeadDied()
+            if api.reachable() and self._head_alive(api):
+                return proc.pid
             if time.monotonic() > deadline:
                 self.stop()
                 raise OpsError(
-                    f"the local Ray head did not answer within {START_TIMEOUT_S:.0f}s",
+                    f"the local Ray head did not come up within {START_TIMEOUT_S:.0f}s",
                     f"see {self.log_file}",
                 )
             time.sleep(0.5)
-        return f"local cluster up (pid {proc.pid}), dashboard at {url}"
+
+    @staticmethod
+    def _head_alive(api: RayApi) -> bool:
+        try:
+            return any(n.get("is_head_node") and n.get("state") == "ALIVE" for n in api.nodes())
+        except OpsError:
+            return False
 
     def _our_processes(self) -> list[psutil.Process]:
         """The head's process tree, plus any process that carries our marker (orphaned workers)."""
@@ -229,3 +251,7 @@ class LocalDriver:
 
     def _cleanup_pidfile(self) -> None:
         self.pid_file.unlink(missing_ok=True)
+
+
+class _HeadDied(Exception):
+    """The `ray start` process exited before its head was up."""
