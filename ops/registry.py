@@ -48,11 +48,15 @@ class TokenSource(BaseModel):
             raise ValueError("give exactly one of 'env' or 'file'")
         return self
 
+    def path(self) -> Path | None:
+        """The token file with `~` and `$VARS` expanded, or None for an env var source."""
+        return None if self.file is None else Path(_expand(self.file))
+
     def read(self) -> str | None:
         """The token, or None when it is not available on this machine."""
-        if self.env is not None:
-            return os.environ.get(self.env) or None
-        path = Path(_expand(self.file or ""))
+        path = self.path()
+        if path is None:
+            return os.environ.get(self.env or "") or None
         return path.read_text().strip() or None if path.is_file() else None
 
 

@@ -85,11 +85,7 @@ class LocalDriver:
         }
 
     def token_path(self) -> Path | None:
-        if self.cluster.token is None or self.cluster.token.file is None:
-            return None
-        from ops.registry import _expand
-
-        return Path(_expand(self.cluster.token.file))
+        return None if self.cluster.token is None else self.cluster.token.path()
 
     def env(self) -> dict[str, str]:
         """The environment `ray start` runs in; token auth when the registry gives the cluster a token."""
