@@ -15,9 +15,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from enum import StrEnum
 from typing import Any
 
-from ops.errors import OpsError
+from ops.errors import BadInput, OpsError
 from ops.gcs_reader import read_gcs, read_via_job
 from ops.registry import Cluster
 
@@ -25,10 +26,26 @@ HTTP_TIMEOUT_S = 10.0
 PROBE_PREFIX = "clusterbot-probe-"  # readiness probes: never shown as jobs
 
 
+class Reach(StrEnum):
+    """What one look at the dashboard saw. Only OK means the head answered us; REFUSED means a head is
+    there but rejects our token; UNREACHABLE (timeout, refused connection, 5xx) says nothing about
+    whether the head exists: never read it as "dead" (ask the driver, `Driver.head_exists`)."""
+
+    OK = "ok"
+    REFUSED = "refused"
+    UNREACHABLE = "unreachable"
+
+
+class TokenRefused(BadInput):
+    """The dashboard answered 401/403: a head is running and our token is wrong or missing."""
+
+
 class RayApi:
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, url: str | None = None) -> None:
+        """`url`: where this machine reaches the dashboard now (the driver knows: `Driver.dashboard_url`);
+        the registry's `dashboard_url` by default."""
         self.cluster = cluster
-        self.url = cluster.dashboard_url.rstrip("/")
+        self.url = (url or cluster.dashboard_url).rstrip("/")
         self._token = cluster.read_token()
         self._jobs = None
 
@@ -49,11 +66,23 @@ class RayApi:
 
     def _http_error(self, code: int, path: str) -> OpsError:
         if code in (401, 403):
-            return OpsError(
-                f"the {self.cluster.name} dashboard refused our token (HTTP {code})",
-                "refresh this machine's copy of the cluster's Ray token",
-            )
+            return self.token_refused(code)
         return OpsError(f"the {self.cluster.name} dashboard answered HTTP {code} to {path}")
+
+    def token_refused(self, code: int) -> TokenRefused:
+        source = self.cluster.token
+        where = (
+            "no token source in the registry"
+            if source is None
+            else f"the token file {source.path()}"
+            if source.file
+            else f"the environment variable {source.env}"
+        )
+        sent = "our token" if self._token else "no token (none found on this machine)"
+        return TokenRefused(
+            f"the {self.cluster.name} dashboard refused {sent} (HTTP {code}); token read from {where}",
+            "refresh this machine's copy of the cluster's Ray token there",
+        )
 
     def _unreachable(self, e: BaseException) -> OpsError:
         reason = getattr(e, "reason", e)
@@ -62,13 +91,40 @@ class RayApi:
             "is the head up? `python -m ops status --cluster " + self.cluster.name + "`",
         )
 
-    def reachable(self, timeout: float = 2.0) -> bool:
-        """Whether the dashboard answers (and accepts our token) right now."""
+    def probe(self, timeout: float = 2.0) -> tuple[Reach, int | None]:
+        """One look at the dashboard: (what it saw, the HTTP status when there was one)."""
+        req = urllib.request.Request(self.url + "/api/version", headers=self.headers)
         try:
-            self._get("/api/version", timeout=timeout)
-            return True
-        except OpsError:
-            return False
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                resp.read()
+                return Reach.OK, resp.status
+        except urllib.error.HTTPError as e:
+            return (Reach.REFUSED if e.code in (401, 403) else Reach.UNREACHABLE), e.code
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError):
+            return Reach.UNREACHABLE, None
+
+    def reachable(self, timeout: float = 2.0) -> bool:
+        """Whether the dashboard answers (and accepts our token) right now. Read-only views only: an
+        operation that may stop something asks `wait_reachable`, which tells a refusal from a timeout."""
+        return self.probe(timeout)[0] == Reach.OK
+
+    def wait_reachable(self, deadline_s: float, probe_timeout: float = 2.0) -> bool:
+        """Probe with backoff until the dashboard answers (True) or `deadline_s` passed (False).
+
+        A 401/403 raises TokenRefused at once: retrying will not change our token."""
+        end = time.monotonic() + deadline_s
+        pause = 0.5
+        while True:
+            reach, code = self.probe(probe_timeout)
+            if reach == Reach.OK:
+                return True
+            if reach == Reach.REFUSED:
+                raise self.token_refused(code or 401)
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 5.0)
 
     def nodes(self) -> list[dict[str, Any]]:
         """Alive and dead nodes from the state API."""

@@ -66,10 +66,12 @@ class LocalPorts(BaseModel):
     model_config = ConfigDict(extra="forbid")
     gcs: int = 6379
     dashboard: int = 8265
-    dashboard_agent_listen: int = 52365
-    dashboard_agent_grpc: int = 52366
-    metrics_export: int = 52367
-    runtime_env_agent: int = 52368
+    # Below Linux's ephemeral range (32768-60999), which any outgoing connection may take (FINDINGS),
+    # and clear of the GCP clusters' tunnel ports (8266-8272) and the worker range.
+    dashboard_agent_listen: int = 11365
+    dashboard_agent_grpc: int = 11366
+    metrics_export: int = 11367
+    runtime_env_agent: int = 11368
     ray_client_server: int = 10001
     min_worker: int = 20000
     max_worker: int = 20999

@@ -53,10 +53,19 @@ ORDER = [Step.PLANNED, Step.BACKED_UP, Step.JOBS_STOPPED, Step.CLUSTER_STOPPED, 
          Step.RESUBMITTED, Step.DONE]  # fmt: skip
 
 
-class Settings(BaseModel):
-    """Timings of a restart; tests shorten them."""
+def _env_s(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
 
-    lease_s: float = Field(default_factory=lambda: float(os.environ.get("CLUSTERBOT_LEASE_S", "60")))
+
+class Settings(BaseModel):
+    """Timings of a restart; tests shorten them (fields, or the CLUSTERBOT_* variables)."""
+
+    lease_s: float = Field(default_factory=lambda: _env_s("CLUSTERBOT_LEASE_S", 60))
+    # How long a head that does not answer (timeouts, refused connections) is retried before the
+    # restart refuses: unreachable is not dead.
+    reach_deadline_s: float = Field(default_factory=lambda: _env_s("CLUSTERBOT_REACH_DEADLINE_S", 60))
+    # "Done" only after the new head stayed up this long with every resubmitted job running.
+    settle_s: float = Field(default_factory=lambda: _env_s("CLUSTERBOT_SETTLE_S", 30))
     stop_grace_s: float = 30.0  # how long jobs get to checkpoint after Ray's stop
     head_timeout_s: float | None = None  # None: by driver (local 120 s, GCP 20 min)
 

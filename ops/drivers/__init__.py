@@ -26,6 +26,16 @@ class Driver(Protocol):
         """Whether the cluster's head is running, as far as this driver can tell."""
         ...
 
+    def head_exists(self) -> bool | None:
+        """Whether a head exists, said positively: True (it does), False (it certainly does not:
+        nothing runs there, so nothing can be lost), None (cannot tell). A dashboard that does not
+        answer is not a dead head; only False lets a restart go on without a backup."""
+        ...
+
+    def dashboard_url(self) -> str:
+        """Where this machine reaches the head's dashboard now (opening a tunnel if that is how)."""
+        ...
+
 
 def driver_for(cluster: Cluster) -> Driver:
     if cluster.driver == "local":

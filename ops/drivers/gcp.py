@@ -172,6 +172,19 @@ class GcpDriver:
         c = self.cluster
         return f"{c.name}: ray down deleted the head and workers of {c.ray_cluster_name} in {c.zone}"
 
+    def head_exists(self) -> bool | None:
+        """`ray get-head-ip <config>`: an address means a head VM exists (True); Ray's "not found"
+        means there is none (False); anything else (no credentials, a timeout) is None: unknown."""
+        try:
+            result = self._ray(["get-head-ip"], self.probe_timeout_s * 20)
+        except OpsError as e:
+            return False if "not found" in (e.hint or "").lower() else None
+        lines = [line.strip() for line in result.output.splitlines() if line.strip()]
+        return True if lines else None
+
+    def dashboard_url(self) -> str:
+        return self.cluster.dashboard_url
+
     def is_up(self) -> bool:
         """Whether the dashboard answers `GET /api/version` with 200 within the probe timeout.
 

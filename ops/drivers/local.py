@@ -142,6 +142,13 @@ class LocalDriver:
     def is_up(self) -> bool:
         return self._head_process() is not None
 
+    def head_exists(self) -> bool:
+        """The head process is ours and on this machine: its absence is certain."""
+        return self.is_up()
+
+    def dashboard_url(self) -> str:
+        return self.cluster.dashboard_url
+
     def start(self) -> str:
         """Start the head and wait until its own node is registered and alive (the dashboard answers
         earlier than that). A head that dies while starting (seen under load: its raylet missed the
