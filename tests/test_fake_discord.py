@@ -10,7 +10,15 @@ import pytest_asyncio
 from discord import app_commands
 from discord.ext import commands
 
-from tests.fakes.discord_api import EPHEMERAL, FakeDiscord, FakeDiscordResolver, InteractionExpired, run_bot
+from tests.fakes.discord_api import (
+    ADMINISTRATOR,
+    EPHEMERAL,
+    CommandHidden,
+    FakeDiscord,
+    FakeDiscordResolver,
+    InteractionExpired,
+    run_bot,
+)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="function"), pytest.mark.timeout(30)]
 
@@ -90,6 +98,11 @@ class ClusterTestBot(commands.Bot):
         ) -> list[app_commands.Choice[str]]:
             return [app_commands.Choice(name=c, value=c) for c in CLUSTERS if current in c][:25]
 
+        @tree.command(name="purge", description="Admins only", guild=guild)
+        @app_commands.default_permissions(administrator=True)
+        async def purge(interaction: discord.Interaction) -> None:
+            await interaction.response.send_message("purged", ephemeral=True)
+
         @tree.command(name="late", description="Answers too late", guild=guild)
         async def late(interaction: discord.Interaction) -> None:
             await asyncio.sleep(fake.interaction_deadline + 0.3)
@@ -138,7 +151,7 @@ async def test_login_ready_and_guild(bot: ClusterTestBot, fake: FakeDiscord) -> 
 
 async def test_guild_command_sync(bot: ClusterTestBot, fake: FakeDiscord) -> None:
     stored = {c["name"]: c for c in fake.guild_commands[fake.guild.id]}
-    assert set(stored) == {"ping", "slow", "secret", "panel", "status", "late"}
+    assert set(stored) == {"ping", "slow", "secret", "panel", "status", "purge", "late"}
     assert fake.global_commands == []
     assert {c.name for c in bot.synced} == set(stored)
     opts = {o["name"]: o for o in stored["status"]["options"]}
@@ -361,3 +374,17 @@ async def test_wrong_token_fails_login(fake: FakeDiscord) -> None:
             await bot.login("not-the-token")
     finally:
         await bot.close()
+
+
+async def test_a_command_with_default_permissions_is_shown_to_admins_only(
+    bot: ClusterTestBot, fake: FakeDiscord
+) -> None:
+    stored = {c["name"]: c for c in fake.guild_commands[fake.guild.id]}
+    assert stored["purge"]["default_member_permissions"] == str(ADMINISTRATOR)
+    assert stored["ping"]["default_member_permissions"] is None
+    with pytest.raises(CommandHidden, match="/purge is not shown to alice"):
+        await fake.slash("alice", "purge")
+    assert not [i for i in fake.interactions.values() if i.name == "purge"]  # nothing reached the bot
+    assert (await (await fake.slash(fake.owner, "purge")).response()).content == "purged"  # the owner
+    fake.give_role("bob", fake.add_role("mods", permissions=ADMINISTRATOR))
+    assert (await (await fake.slash("bob", "purge")).response()).content == "purged"

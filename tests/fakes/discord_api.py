@@ -29,6 +29,8 @@ Test-facing API (all waits are bounded and raise TimeoutError / InteractionExpir
   ``.expire_token()``; ``fake.response_latencies()`` for benchmarks.
 * Messages: ``fake.messages(channel)``, ``await fake.wait_for_message(predicate, timeout, channel=...)``,
   ``fake.messages_by_id``; FakeMessage keeps ``history`` (earlier versions), ``mentions``, ``pinged``.
+* A command synced with ``default_member_permissions`` is shown only to members holding them:
+  ``slash``/``autocomplete`` by anyone else raise ``CommandHidden``.
 * Set-up: ``add_user``, ``add_role``, ``give_role``, ``add_channel``, ``inject_error``; records:
   ``requests``, ``unknown_routes``, ``refused_hosts``, ``guild_commands``, ``global_commands``.
 
@@ -153,6 +155,11 @@ def _now_iso() -> str:
 
 class InteractionExpired(AssertionError):
     """The bot did not acknowledge an interaction in time (the user sees "This interaction failed")."""
+
+
+class CommandHidden(PermissionError):
+    """The Discord client does not show this command to this user (its `default_member_permissions`
+    asks for permissions the member lacks), so they cannot send it."""
 
 
 class FakeDiscordError(Exception):
@@ -1430,8 +1437,23 @@ class FakeDiscord:
         """
         u = self.user(user)
         g, ch = self._guild_and_channel(guild, channel)
+        self._check_shown(name, u, g)
         data = self._command_data(name, options, g)
         return await self._dispatch_interaction(APPLICATION_COMMAND, u, g, ch, data)
+
+    def _check_shown(self, name: str, user: FakeUser, guild: FakeGuild | None) -> None:
+        """Discord shows a command with `default_member_permissions` only to members holding all of
+        those permissions (administrators and the owner hold all; "0": admins only)."""
+        cmd, _ = self._find_command(name.split()[0], guild.id if guild else None)
+        needed = cmd.get("default_member_permissions")
+        if needed is None or guild is None:
+            return
+        held, want = guild.permissions_for(user.id), int(needed)
+        shown = held == ALL_PERMISSIONS if want == 0 else held & want == want
+        if not shown:
+            raise CommandHidden(
+                f"/{name} is not shown to {user.username}: it needs permissions {needed}, they hold {held}"
+            )
 
     async def autocomplete(
         self,
@@ -1448,6 +1470,7 @@ class FakeDiscord:
         """Type ``value`` into ``focused_option`` of ``/name``; returns the choices the bot answered."""
         u = self.user(user)
         g, ch = self._guild_and_channel(guild, channel)
+        self._check_shown(name, u, g)
         data = self._command_data(name, options, g, focused=focused_option, focused_value=value)
         inter = await self._dispatch_interaction(AUTOCOMPLETE, u, g, ch, data)
         answer = await inter.response(timeout)
@@ -2187,6 +2210,9 @@ class FakeDiscord:
             errs.add(where + ["name"], "APPLICATION_COMMAND_INVALID_NAME", "Command name is invalid")
         if ctype == 1 and not 1 <= len(cmd.get("description", "")) <= 100:
             errs.add(where + ["description"], "BASE_TYPE_BAD_LENGTH", "Must be between 1 and 100 in length.")
+        perms = cmd.get("default_member_permissions")  # discord.py sends an int; Discord stores a string
+        if perms is not None and not (isinstance(perms, int) or (isinstance(perms, str) and perms.isdigit())):
+            errs.add(where + ["default_member_permissions"], "NUMBER_TYPE_COERCE", "Value is not int.")
 
         def check_options(options: list[dict], path: list) -> None:
             if len(options) > 25:
@@ -2242,6 +2268,8 @@ class FakeDiscord:
             "type": ctype,
             "version": str(self._ids.next()),
         }
+        if stored["default_member_permissions"] is not None:
+            stored["default_member_permissions"] = str(stored["default_member_permissions"])
         if guild_id is not None:
             stored["guild_id"] = guild_id
         return stored
