@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
 
 import pytest
 
-from ops import locks
+from ops import journal, locks
 from ops.errors import Refused
 from ops.locks import Lease, acquire, current_lock, force_unlock, take_over
 from ops.store import Store
@@ -243,3 +244,97 @@ def test_held_hint_for_expired_restart(store: Store) -> None:
         acquire(store, "c1", "op-2", "restart", "bob", lease_s=30)
     assert "--resume" in e.value.hint
     assert locks.current_lock(store, "c1").op_id == "op-1"
+
+
+# -- phase, truthful refusals, and unlock ------------------------------------------------------------
+def test_a_lock_records_its_phase(make_store: StoreFactory) -> None:
+    bot_store, other = make_store(), make_store()
+    lease = acquire(bot_store, "c1", "op-1", "restart", "alice", lease_s=30, holder="bot", phase="announced")
+    assert current_lock(other, "c1").phase == "announced"
+    with pytest.raises(Refused) as e:
+        acquire(other, "c1", "op-2", "restart", "bob", lease_s=30)
+    assert "waiting for consent in chat since" in e.value.reason and "op-1" in e.value.reason
+    assert "alice" in e.value.reason and "#infra" in e.value.hint
+
+    lease.set_phase("executing")
+    held = current_lock(other, "c1")
+    assert held.phase == "executing" and held.phase_since is not None
+    with pytest.raises(Refused) as e:
+        acquire(other, "c1", "op-2", "restart", "bob", lease_s=30)
+    assert f"running on {held.host} (pid {held.pid}) since" in e.value.reason
+    assert "waiting for consent" not in e.value.reason and e.value.hint == "wait for it to finish"
+
+    force_unlock(other, "c1")
+    with pytest.raises(Refused, match="lost the lock"):
+        lease.set_phase("executing")  # compare-and-set: a lease that lost its lock writes nothing
+    assert current_lock(other, "c1") is None
+
+
+def test_cli_operations_and_old_records_are_executing(store: Store) -> None:
+    acquire(store, "c1", "op-1", "restart", "alice", lease_s=30)
+    assert current_lock(store, "c1").phase == "executing"
+    raw = json.loads(store.read("locks/c1.json").data)
+    del raw["phase"], raw["phase_since"]  # a record written before the phase existed
+    store.put("locks/c1.json", json.dumps(raw).encode())
+    assert current_lock(store, "c1").phase == "executing"
+
+
+def test_a_stopped_holder_is_told_as_stopped_with_the_ways_out(store: Store) -> None:
+    acquire(store, "c1", "op-1", "restart", "alice", lease_s=0.05, phase="announced")
+    acquire(store, "c2", "op-2", "restart", "alice", lease_s=0.05)
+    acquire(store, "c3", "op-3", "scale", "alice", lease_s=0.05)
+    wait_until(lambda: all(current_lock(store, c).expired() for c in ("c1", "c2", "c3")), "the leases to end")
+    refusals = {}
+    for c in ("c1", "c2", "c3"):
+        with pytest.raises(Refused) as e:
+            acquire(store, c, "op-9", "restart", "bob", lease_s=30)
+        refusals[c] = e.value
+    assert "stopped while waiting for consent in chat" in refusals["c1"].reason
+    assert (
+        "--resume" not in refusals["c1"].hint and "unlock --cluster c1 --op op-1 --yes" in refusals["c1"].hint
+    )
+    assert "its process stopped (pid" in refusals["c2"].reason
+    assert "--resume" in refusals["c2"].hint and "--abandon" in refusals["c2"].hint
+    assert "unlock --cluster c2 --op op-2 --yes" in refusals["c2"].hint
+    assert "--resume" not in refusals["c3"].hint and "unlock --cluster c3 --op op-3" in refusals["c3"].hint
+    for r in refusals.values():
+        assert "wait for it" not in str(r) and "running on" not in r.reason
+
+
+def test_take_over_keeps_the_phase(store: Store) -> None:
+    acquire(store, "c1", "op-1", "restart", "alice", lease_s=0.05, phase="announced")
+    wait_until(lambda: current_lock(store, "c1").expired(), "the lease to end")
+    take_over(store, "c1", "op-1", "alice", lease_s=30)
+    assert current_lock(store, "c1").phase == "announced"
+
+
+def test_unlock_needs_the_id_of_the_operation_holding_the_lock(make_store: StoreFactory) -> None:
+    holder_store, admin_store = make_store(), make_store()
+    lease = acquire(holder_store, "c1", "op-1", "restart", "alice", lease_s=30, phase="announced")
+    before = admin_store.read("locks/c1.json").data
+    with pytest.raises(Refused) as e:
+        locks.unlock(admin_store, "c1", "op-0", by="carol")
+    assert "op-0 does not hold the lock on c1" in e.value.reason and "op-1" in e.value.reason
+    assert "--op op-1" in e.value.hint
+    assert admin_store.read("locks/c1.json").data == before
+    assert journal.read(admin_store, "operations/c1/op-0") == []
+
+    released = locks.unlock(admin_store, "c1", "op-1", by="carol")
+    assert (released.op_id, released.phase) == ("op-1", "announced")
+    assert current_lock(admin_store, "c1") is None
+    entries = journal.read(admin_store, locks.operation_scope("c1", "op-1"))
+    assert [(x["event"], x["by"], x["phase"], x["owner"]) for x in entries] == [
+        ("unlocked", "carol", "announced", "alice")
+    ]
+    with pytest.raises(Refused, match="lost the lock"):
+        lease.renew()  # the live holder learns it lost the cluster
+    with pytest.raises(Refused, match="c1 is not locked"):
+        locks.unlock(admin_store, "c1", "op-1", by="carol")
+
+
+def test_unlock_retries_when_holder_renews_meanwhile(make_store: StoreFactory) -> None:
+    holder_store, admin_store = make_store(), make_store()
+    lease = acquire(holder_store, "c1", "op-1", "restart", "alice", lease_s=30)
+    proxy = _RenewBetweenReadAndWrite(admin_store, lease)
+    assert locks.unlock(proxy, "c1", "op-1", by="carol").op_id == "op-1"
+    assert proxy.interfered and current_lock(admin_store, "c1") is None
