@@ -1,5 +1,8 @@
 """The protocol engine with the recorder chat: consent paths, rights, double clicks, timers, persistence.
 
+Windows are driven: the engine's clock is a ManualClock the test moves (15-minute windows pass in no
+time); a few stories run on the real clock end to end.
+
 The operation here is a registered test operation whose `look` reports a fixed set of jobs and whose
 `execute` counts its runs; the engine around it (lock, store, journal, timers) is the real one. The
 real restart through the engine is in test_bot_restart.py.
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.adapters.recorder import Recorder
+from bot.adapters.recorder import ManualClock, Recorder
 from bot.config import BotConfig, Rights, Windows
 from bot.protocol import rules
 from bot.protocol.engine import Engine, Look, Outcome, Spec
@@ -38,7 +41,10 @@ def job(owner: str | None, n: int = 0) -> Job:
 
 
 class Fixture:
-    def __init__(self, tmp_path: Path, jobs: list[Job], windows: Windows) -> None:
+    def __init__(
+        self, tmp_path: Path, jobs: list[Job], windows: Windows, clock: ManualClock | None = None
+    ) -> None:
+        self.clock = clock
         self.store = LocalStore(tmp_path / "store")
         self.registry = load_registry()
         self.jobs = jobs
@@ -59,7 +65,8 @@ class Fixture:
 
     def engine(self) -> Engine:
         return Engine(self.store, self.registry, self.config, self.chat, {"restart": self.spec()},
-                      restart_settings=__import__("ops.restart").restart.Settings(lease_s=30))  # fmt: skip
+                      restart_settings=__import__("ops.restart").restart.Settings(lease_s=30),
+                      **({"clock": self.clock} if self.clock else {}))  # fmt: skip
 
 
 FAST = Windows(
@@ -87,9 +94,24 @@ async def until(predicate, timeout: float = 10.0) -> None:  # noqa: ANN001
         await asyncio.sleep(0.02)
 
 
+# The people's windows (15 min consent, 10 min to confirm, 2 min grace), on a clock the test drives.
+DRIVEN = Windows(tick_s=0.05)
+
+
+async def later(engine: Engine, seconds: float) -> None:
+    """Time passes on the engine's (manual) clock, and the engine looks at its deadlines."""
+    engine.clock.advance(seconds)
+    await engine.tick()
+
+
 @pytest.fixture
 def fx(tmp_path: Path) -> Fixture:
     return Fixture(tmp_path, [job("alice"), job("bob"), job("bob", 1)], FAST)
+
+
+@pytest.fixture
+def driven(tmp_path: Path) -> Fixture:
+    return Fixture(tmp_path, [job("alice"), job("bob"), job("bob", 1)], DRIVEN, ManualClock())
 
 
 async def test_all_ok_then_confirm_runs_once(fx: Fixture) -> None:
@@ -113,28 +135,48 @@ async def test_all_ok_then_confirm_runs_once(fx: Fixture) -> None:
         assert current_lock(fx.store, "local") is None
 
 
-async def test_lazy_consent_when_the_window_passes_without_objection(fx: Fixture) -> None:
-    async with running(fx) as engine:
+async def test_lazy_consent_when_the_window_passes_without_objection(driven: Fixture) -> None:
+    async with running(driven) as engine:
         await engine.request(ALICE, "restart", "local")
         op_id = next(iter(engine.ops))
         await engine.act(ALICE, op_id, "confirm")
-        await asyncio.sleep(1)
+        await later(engine, DRIVEN.consent_s - 1)
         assert engine.ops[op_id].state == State.AWAITING  # bob has not answered, window open
-        await until(lambda: engine.ops[op_id].state == State.DONE, timeout=10)
-        assert fx.runs == [op_id]
+        await later(engine, 1)
+        assert engine.ops[op_id].state == State.GRACE
+        await later(engine, DRIVEN.grace_s - 1)
+        assert engine.ops[op_id].state == State.GRACE and driven.runs == []
+        await later(engine, 1)
+        await until(lambda: engine.ops[op_id].state == State.DONE)
+        assert driven.runs == [op_id]
 
 
-async def test_an_objection_blocks_until_withdrawn(fx: Fixture) -> None:
-    async with running(fx) as engine:
+async def test_an_objection_blocks_until_withdrawn(driven: Fixture) -> None:
+    async with running(driven) as engine:
         await engine.request(ALICE, "restart", "local")
         op_id = next(iter(engine.ops))
         await engine.act(ALICE, op_id, "confirm")
         await engine.act(BOB, op_id, "object")
-        await asyncio.sleep(FAST.consent_s + 0.5)  # the window passes: an objection still blocks
+        await later(engine, DRIVEN.consent_s + 3600)  # the window passes: an objection still blocks
         assert engine.ops[op_id].state == State.AWAITING
-        assert "objection by bob" in fx.chat.text(engine.ops[op_id].message_id)
+        assert "objection by bob" in driven.chat.text(engine.ops[op_id].message_id)
         assert (await engine.act(BOB, op_id, "ok")).text == "objection withdrawn: OK counted"
+        assert engine.ops[op_id].state == State.GRACE
+        await later(engine, DRIVEN.grace_s)
         await until(lambda: engine.ops[op_id].state == State.DONE)
+
+
+async def test_a_delay_holds_the_restart_for_a_checkpoint(driven: Fixture) -> None:
+    async with running(driven) as engine:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        await engine.act(BOB, op_id, "delay", "10")
+        await engine.act(ALICE, op_id, "confirm")
+        await later(engine, 10 * 60 - 1)
+        assert engine.ops[op_id].state == State.AWAITING
+        assert "delayed until" in driven.chat.text(engine.ops[op_id].message_id)
+        await later(engine, 1)
+        assert engine.ops[op_id].state == State.GRACE
 
 
 async def test_admin_override_passes_an_objection(fx: Fixture) -> None:
@@ -186,6 +228,18 @@ async def test_second_request_is_told_who_holds_the_cluster(fx: Fixture) -> None
 
 
 async def test_unconfirmed_requests_expire_and_free_the_cluster(tmp_path: Path) -> None:
+    fx = Fixture(tmp_path, [], DRIVEN, ManualClock())
+    async with running(fx) as engine:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        await later(engine, DRIVEN.confirm_s - 1)
+        assert engine.ops[op_id].state == State.AWAITING
+        await later(engine, 1)
+        assert engine.ops[op_id].state == State.EXPIRED
+        assert current_lock(fx.store, "local") is None and fx.runs == []
+
+
+async def test_unconfirmed_requests_expire_on_the_real_clock(tmp_path: Path) -> None:
     fx = Fixture(tmp_path, [], FAST.model_copy(update={"confirm_s": 0.5}))
     async with running(fx) as engine:
         await engine.request(ALICE, "restart", "local")
@@ -205,25 +259,45 @@ async def test_bad_input_and_protection(fx: Fixture) -> None:
     assert not engine.ops and current_lock(fx.store, "big-run") is None
 
 
-async def test_a_bot_killed_mid_consent_resumes_and_extends_the_window(fx: Fixture) -> None:
-    engine = fx.engine()
+async def test_a_bot_killed_mid_consent_resumes_and_extends_the_window(driven: Fixture) -> None:
+    engine = driven.engine()
     await engine.start()
     await engine.request(ALICE, "restart", "local")
     op_id = next(iter(engine.ops))
     deadline = engine.ops[op_id].consent_deadline
+    await engine.tick()  # the bot notes it is alive
     await engine.close()  # the bot dies (its lease stops being renewed)
-    await asyncio.sleep(1.0)
+    driven.clock.advance(600)  # down for 10 minutes
 
-    fresh = fx.engine()  # a new process: everything comes from the store
+    fresh = driven.engine()  # a new process: everything comes from the store
     await fresh.start()
     try:
         op = fresh.ops[op_id]
-        assert op.state == State.AWAITING and op.downtime_s >= 0.9
-        assert op.consent_deadline >= deadline + timedelta(seconds=0.9)
+        # It was alive up to one liveness interval after its last note: down at least 600 - 30 s.
+        assert op.state == State.AWAITING and op.downtime_s == 600 - engine.alive_s
+        assert op.consent_deadline == deadline + timedelta(seconds=600 - engine.alive_s)
         await fresh.act(BOB, op_id, "ok")  # buttons keep working: the op id is all they carry
         await fresh.act(ALICE, op_id, "confirm")
+        await later(fresh, DRIVEN.grace_s)
         await until(lambda: fresh.ops[op_id].state == State.DONE)
-        assert fx.runs == [op_id]
+        assert driven.runs == [op_id]
+    finally:
+        await fresh.close()
+
+
+async def test_a_bot_back_within_its_liveness_interval_extends_nothing(driven: Fixture) -> None:
+    engine = driven.engine()
+    await engine.start()
+    await engine.request(ALICE, "restart", "local")
+    op_id = next(iter(engine.ops))
+    deadline = engine.ops[op_id].consent_deadline
+    await engine.tick()
+    await engine.close()
+    driven.clock.advance(engine.alive_s - 1)
+    fresh = driven.engine()
+    await fresh.start()
+    try:
+        assert fresh.ops[op_id].downtime_s == 0 and fresh.ops[op_id].consent_deadline == deadline
     finally:
         await fresh.close()
 
@@ -330,3 +404,33 @@ async def test_a_restart_started_from_the_cli_shows_as_holding_the_cluster(fx: F
         assert not engine.ops
     finally:
         run.lease.release()
+
+
+async def test_the_bot_notes_it_is_alive_once_per_interval_not_every_tick(driven: Fixture) -> None:
+    from bot.protocol.engine import ALIVE_KEY, _Alive
+    from ops.store import read_model
+
+    engine = driven.engine()
+    start = driven.clock()
+    await engine.tick()
+    for _ in range(5):  # ticks within the interval write nothing (GCS: one write per second per object)
+        await later(engine, (engine.alive_s - 1) / 5)
+    assert read_model(driven.store, ALIVE_KEY, _Alive)[0].at == start
+    await later(engine, 1)
+    assert read_model(driven.store, ALIVE_KEY, _Alive)[0].at == start + timedelta(seconds=engine.alive_s)
+
+
+async def test_a_failed_liveness_write_does_not_hold_up_the_deadlines(tmp_path: Path) -> None:
+    class Flaky(LocalStore):  # the real store, failing on the liveness object (a 429 from GCS, say)
+        def put(self, key: str, data: bytes) -> str:
+            if key.endswith("alive.json"):
+                raise ConnectionError("429 rate limited")
+            return super().put(key, data)
+
+    fx = Fixture(tmp_path, [], DRIVEN, ManualClock())
+    fx.store = Flaky(tmp_path / "store")
+    engine = fx.engine()
+    await engine.request(ALICE, "restart", "local")
+    op_id = next(iter(engine.ops))
+    await later(engine, DRIVEN.confirm_s)
+    assert engine.ops[op_id].state == State.EXPIRED

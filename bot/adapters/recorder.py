@@ -1,9 +1,10 @@
-"""The tests' chat: records every message posted and every edit, nothing else."""
+"""The tests' chat and clock: a chat that records every message posted and every edit, nothing else;
+a clock that moves only when told, so tests drive the protocol's windows without sleeping through them."""
 
 from __future__ import annotations
 
 import itertools
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from bot.protocol.model import Message
 
@@ -37,3 +38,16 @@ class Recorder:
 
     def new_posts(self) -> list[Message]:
         return [m for kind, _, m in self.log if kind == "post"]
+
+
+class ManualClock:
+    """The engine's `clock`: now is what the test says (starts at the real now, moves by `advance`)."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)

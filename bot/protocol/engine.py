@@ -31,14 +31,21 @@ from ops.store import Conflict, Store, dump, read_model
 log = logging.getLogger("clusterbot")
 HOLDER = "clusterbot-bot"
 ALIVE_KEY = "bot/alive.json"
+ALIVE_EVERY_S = 30.0  # how often the liveness record is written (GCS: one write per second per object)
 
 
 class _Alive(BaseModel):
+    """When the bot last said it was alive, and how often it says so (a dead bot is silent)."""
+
     at: datetime
+    every_s: float = 0.0
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+Clock = Callable[[], datetime]  # aware UTC now: the windows' time (tests drive it; real time otherwise)
 
 
 class Chat(Protocol):
@@ -89,6 +96,8 @@ class Engine:
         owner_to_chat: Callable[[str], str | None] | None = None,
         restart_settings: RestartSettings | None = None,
         holder: str = HOLDER,
+        clock: Clock = utcnow,
+        alive_s: float = ALIVE_EVERY_S,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -99,6 +108,7 @@ class Engine:
         self.owner_to_chat = owner_to_chat or config.owners.get
         self.restart_settings = restart_settings or RestartSettings()
         self.holder = holder
+        self.clock = clock
         self.ops: dict[str, Operation] = {}
         self._versions: dict[str, str] = {}
         self._leases: dict[str, Lease] = {}
@@ -107,7 +117,8 @@ class Engine:
         self._tasks: set[asyncio.Task] = set()
         self._ticker: asyncio.Task | None = None
         self._tick_lock = asyncio.Lock()  # held during a tick: close() waits for it
-        self._last_alive = 0.0
+        self.alive_s = alive_s
+        self._last_alive: datetime | None = None
 
     # -- life cycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -173,7 +184,7 @@ class Engine:
         await asyncio.to_thread(journal.append, self.store, f"bot/journal/{op.op_id}", event, **data)
 
     def _message(self, op: Operation, mentions: list[str] | None = None) -> Message:
-        text = rules.render(op, utcnow(), self.chat.mention, self.chat.when)
+        text = rules.render(op, self.clock(), self.chat.mention, self.chat.when)
         return Message(text, rules.buttons(op, self.windows), mentions or [], op_id=op.op_id)
 
     async def _show(self, op: Operation) -> None:
@@ -246,7 +257,7 @@ class Engine:
             return Reply(str(e), ok=False)
         self._leases[op_id] = lease
         lease.start_renewing()
-        now = utcnow()
+        now = self.clock()
         op = Operation(
             op_id=op_id,
             kind=kind,
@@ -305,7 +316,7 @@ class Engine:
             refused = rules.refusal(op, user, action, self.is_admin(user))
             if refused:
                 return Reply(refused, ok=False)
-            new, text = rules.apply(op, user, action, arg, utcnow(), self.windows)
+            new, text = rules.apply(op, user, action, arg, self.clock(), self.windows)
             if new == op:
                 return Reply(text)
             if new.state == State.CANCELLED:
@@ -397,11 +408,18 @@ class Engine:
             await asyncio.sleep(self.windows.tick_s)
 
     async def tick(self) -> None:
-        """Move operations whose deadlines passed; note that the bot is alive (for downtime)."""
-        if time.monotonic() - self._last_alive >= max(self.windows.tick_s, 1.0):
-            self._last_alive = time.monotonic()
-            body = dump(_Alive(at=utcnow()))
-            await asyncio.to_thread(self.store.put, ALIVE_KEY, body)
+        """Move operations whose deadlines passed; every `alive_s`, note that the bot is alive.
+
+        The liveness record is one object GCS rate-limits (a write per second): written on its own
+        interval, and a failed write does not hold up the deadlines."""
+        now = self.clock()
+        if self._last_alive is None or (now - self._last_alive).total_seconds() >= self.alive_s:
+            self._last_alive = now
+            try:
+                body = dump(_Alive(at=now, every_s=self.alive_s))
+                await asyncio.to_thread(self.store.put, ALIVE_KEY, body)
+            except Exception as e:  # the next interval tries again; the windows go on meanwhile
+                log.warning("could not write %s: %s: %s", ALIVE_KEY, type(e).__name__, e)
         for op_id in [o.op_id for o in self.ops.values() if o.state in (State.AWAITING, State.GRACE)]:
             async with self._lock(op_id):
                 op = self.ops[op_id]
@@ -411,7 +429,7 @@ class Engine:
 
     async def _advance(self, op: Operation) -> None:
         """Apply the clock to an operation (called under its mutex)."""
-        now = utcnow()
+        now = self.clock()
         if (
             op.state == State.AWAITING
             and not op.confirmed
@@ -496,7 +514,9 @@ class Engine:
             if got is not None:
                 self.ops[got[0].op_id], self._versions[got[0].op_id] = got
         alive = await asyncio.to_thread(read_model, self.store, ALIVE_KEY, _Alive)
-        downtime = (utcnow() - alive[0].at).total_seconds() if alive else 0.0
+        # Down since some time after the last liveness write: the gap beyond one interval.
+        gap = (self.clock() - alive[0].at).total_seconds() if alive else 0.0
+        downtime = max(gap - alive[0].every_s, 0.0) if alive else 0.0
         for op in [o for o in self.ops.values() if o.state not in TERMINAL]:
             await self._journal(op, "resumed", at_state=op.state.value, downtime_s=round(downtime, 1))
             if op.state == State.EXECUTING:
@@ -515,8 +535,7 @@ class Engine:
                 continue
             lease.start_renewing()
             self._leases[op.op_id] = lease
-            if downtime > 2 * self.windows.tick_s:
+            if downtime > 0:
                 op = rules.extend(op, downtime)
                 await self._save(op)
             await self._show(op)
-        self._last_alive = 0.0
