@@ -2664,6 +2664,7 @@ async def run_bot(bot: Any, fake: FakeDiscord, *, ready_timeout: float = 10.0) -
 
 __all__ = [
     "CallbackRecord",
+    "CommandHidden",
     "FakeChannel",
     "FakeDiscord",
     "FakeDiscordError",
