@@ -434,3 +434,49 @@ async def test_a_failed_liveness_write_does_not_hold_up_the_deadlines(tmp_path: 
     op_id = next(iter(engine.ops))
     await later(engine, DRIVEN.confirm_s)
     assert engine.ops[op_id].state == State.EXPIRED
+
+
+async def test_a_burst_of_progress_lands_at_most_once_a_second_and_all_of_it(tmp_path: Path) -> None:
+    import time
+
+    writes: list[float] = []
+
+    class Counting(LocalStore):  # the real store, noting when the operation's record is written
+        def replace(self, key: str, data: bytes, version: str) -> str:
+            if key.startswith("bot/ops/"):
+                writes.append(time.monotonic())
+            return super().replace(key, data, version)
+
+    fx = Fixture(tmp_path, [job("alice")], FAST.model_copy(update={"grace_s": 0}))
+    fx.store = Counting(tmp_path / "store")
+    spec = fx.spec()
+
+    def execute(engine, op, lease, progress):  # noqa: ANN001, ANN202 - resubmitting: ~20 lines a second
+        progress(f"backed up 1 job(s) to {engine.store.url}")
+        for i in range(60):
+            progress(f"resubmitted job {i}")
+            time.sleep(0.04)
+        lease.release()
+        return Outcome("all went well", owners=[])
+
+    spec.execute = execute
+    engine = Engine(fx.store, fx.registry, fx.config, fx.chat, {"restart": spec})
+    await engine.start()
+    try:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        writes.clear()
+        await engine.act(ALICE, op_id, "confirm")
+        await until(lambda: len(fx.chat.new_posts()) == 2)
+    finally:
+        await engine.close()
+    edits = [i for i, (kind, mid, _) in enumerate(fx.chat.log) if kind == "edit"]
+    gaps = [b - a for a, b in zip(writes[2:], writes[3:], strict=False)]  # after grace and executing
+    assert len(writes) <= 8 and all(g >= 0.95 for g in gaps), gaps
+    assert len(edits) <= 8
+    op = engine.ops[op_id]
+    assert op.state == State.DONE and op.progress[-1] == "resubmitted job 59" and len(op.progress) == 61
+    assert op.progress[0] == "backed up 1 job(s) to the store"
+    assert edits[-1] < len(fx.chat.log) - 1 and fx.chat.log[-1][0] == "post"  # the report comes last
+    assert "resubmitted job 59" in fx.chat.text(op.message_id)
+    assert str(tmp_path) not in "".join(m.text for _, _, m in fx.chat.log)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from ops.store import Conflict, Store, dump, read_model
 log = logging.getLogger("clusterbot")
 HOLDER = "clusterbot-bot"
 ALIVE_KEY = "bot/alive.json"
+PROGRESS_EVERY_S = 1.0  # at most one write of bot/ops/<op>.json and one edit per this, per operation
+_PATH = re.compile(r"(?<![\w/])(?:[a-z][a-z0-9+.-]*://|/)[^\s,;]+")  # URLs and absolute paths
 ALIVE_EVERY_S = 30.0  # how often the liveness record is written (GCS: one write per second per object)
 
 
@@ -115,6 +118,9 @@ class Engine:
         self._mutex: dict[str, asyncio.Lock] = {}
         self._shown: dict[str, str] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._pending: dict[str, list[str]] = {}  # progress lines not yet written, per operation
+        self._flushers: dict[str, asyncio.Task] = {}
+        self._flushed_at: dict[str, float] = {}  # monotonic time of the last progress write
         self._ticker: asyncio.Task | None = None
         self._tick_lock = asyncio.Lock()  # held during a tick: close() waits for it
         self.alive_s = alive_s
@@ -459,9 +465,10 @@ class Engine:
         spec = self.specs[op.kind]
         loop = asyncio.get_running_loop()
         await self._show(op)
+        self._flushed_at[op.op_id] = time.monotonic()  # that edit counts against the rate
 
         def progress(line: str) -> None:
-            loop.call_soon_threadsafe(lambda: self._spawn(self._progress(op.op_id, line)))
+            loop.call_soon_threadsafe(self._queue_progress, op.op_id, line)
 
         lease = self._leases.pop(op.op_id, None)
         try:
@@ -486,21 +493,52 @@ class Engine:
             op.op_id, State.DONE, Message("\n".join(lines), mentions=owners), result=outcome.text
         )
 
-    async def _progress(self, op_id: str, line: str) -> None:
-        async with self._lock(op_id):
-            op = self.ops[op_id].model_copy(deep=True)
-            op.progress.append(line)
-            await self._save(op)
-            await self._show(op)
+    def _queue_progress(self, op_id: str, line: str) -> None:
+        """Progress lines wait in memory and land together: at most one store write of the operation
+        and one chat edit per PROGRESS_EVERY_S (GCS allows one write per second per object)."""
+        self._pending.setdefault(op_id, []).append(line)
+        flusher = self._flushers.get(op_id)
+        if flusher is None or flusher.done():
+            self._flushers[op_id] = asyncio.create_task(self._flush_progress(op_id))
+
+    async def _wait_rate(self, op_id: str) -> None:
+        wait = self._flushed_at.get(op_id, -PROGRESS_EVERY_S) + PROGRESS_EVERY_S - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    async def _flush_progress(self, op_id: str) -> None:
+        while self._pending.get(op_id):
+            await self._wait_rate(op_id)
+            async with self._lock(op_id):
+                lines = self._pending.pop(op_id, [])
+                if lines:
+                    await self._land(op_id, lines)
+
+    async def _land(self, op_id: str, lines: list[str], **changes: Any) -> None:
+        """Write progress lines (and changes) in one store write and one edit (under the op's mutex)."""
+        op = self.ops[op_id].model_copy(deep=True, update=changes)
+        op.progress += [self._public(line) for line in lines]
+        self._flushed_at[op_id] = time.monotonic()
+        await self._save(op)
+        await self._show(op)
+
+    def _public(self, line: str) -> str:
+        """A progress line as chat may read it: where the store keeps backups is not for the channel."""
+        return _PATH.sub("(path hidden)", line.replace(self.store.url, "the store"))
 
     async def _finish(self, op_id: str, state: State, report: Message, **changes: Any) -> None:
-        """Record the end of an execution, then report it in a new message (edits notify nobody)."""
-        await asyncio.sleep(0)  # let queued progress lines land first
+        """Record the end of an execution with the progress lines still waiting, then report it in a new
+        message (edits notify nobody): the report always comes after the last progress line."""
         async with self._lock(op_id):
-            op = self.ops[op_id].model_copy(update={"state": state, **changes})
-            await self._save(op)
+            lines = self._pending.pop(op_id, [])
+            await self._wait_rate(op_id)
+            await self._land(op_id, lines, state=state, **changes)
+            op = self.ops[op_id]
             await self._journal(op, state.value, **changes)
-            await self._show(op)
+        flusher = self._flushers.pop(op_id, None)
+        if flusher is not None:  # nothing is left for it to write
+            flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
         try:
             await self.chat.post(report)
         except Exception:  # the state and the journal have it; the channel missed the report
