@@ -134,10 +134,11 @@ def package_uris(runtime_env: dict[str, Any]) -> list[str]:
     return [u for u in uris if isinstance(u, str) and u.startswith("gcs://")]
 
 
-_RESUBMIT_SUFFIX = re.compile(r"-r[0-9a-f]{6}$")
+_RESUBMIT_SUFFIX = re.compile(r"-r[0-9a-f]{6}(-[0-9]+)?$")
 
 
-def resubmitted_id(old_id: str, op_id: str) -> str:
-    """A deterministic new id per (job, operation): a retried submission is refused as a duplicate
-    by Ray instead of running twice. The suffix of an earlier restart is replaced, not stacked."""
-    return f"{_RESUBMIT_SUFFIX.sub('', old_id)}-r{op_id[-6:]}"
+def resubmitted_id(old_id: str, op_id: str, attempt: int = 1) -> str:
+    """A deterministic new id per (job, operation, attempt): a retried submission is refused as a
+    duplicate by Ray instead of running twice; a job whose resubmission failed (it did not keep
+    running) gets a new attempt number. The suffix of an earlier restart is replaced, not stacked."""
+    return f"{_RESUBMIT_SUFFIX.sub('', old_id)}-r{op_id[-6:]}" + (f"-{attempt}" if attempt > 1 else "")

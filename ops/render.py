@@ -67,6 +67,8 @@ def render_plan(plan: Any) -> str:
     if plan.preserve_jobs and plan.jobs:
         lines.append(f"each will be resubmitted once after the restart, owner kept ({len(plan.jobs)} job(s))")
     lines += [f"note: {n}" for n in plan.notes]
+    if plan.unbacked:
+        lines.append("WARNING: jobs will NOT be backed up (forced)")
     return "\n".join(lines)
 
 
@@ -81,5 +83,8 @@ def render_restart(r: Any) -> str:
     lines += [f"  {x.owner or 'unknown'}: {x.old_id} -> {x.new_id}" for x in ok]
     lines += [f"  FAILED {x.owner or 'unknown'}: {x.old_id}: {x.error}" for x in r.resubmitted
               if x.status != "submitted"]  # fmt: skip
+    lines += [f"left out (not resubmitted) on {who}'s word: {sid}" for sid, who in r.left_out.items()]
+    if r.unbacked:
+        lines.append("jobs were NOT backed up: the head did not answer and an admin forced the restart")
     lines += [f"not preserved: {n}" for n in r.not_preserved]
     return "\n".join(lines)

@@ -5,6 +5,14 @@ an operation record in the durable store before the next begins, and each journa
 
   planned -> backed_up -> jobs_stopped -> cluster_stopped -> cluster_started -> resubmitted -> done
 
+Nothing is stopped that was not backed up: wherever a step reads the head (plan, backup, job stop,
+the last backup before the cluster stops) a head that does not answer is retried up to a deadline,
+a 401/403 is bad input naming the token source, and the restart goes on without a backup only when
+the driver says positively that there is no head, or when an admin forces it (`force_unbacked`).
+"Done" means the jobs run: the new head stayed up for a settle time with every resubmitted job
+running (or pending on resources); a head that died meanwhile sends the restart back to starting
+the cluster, a job that failed back to resubmitting it, both for `resume` to continue.
+
 Every step is idempotent, so a restart killed anywhere is continued by `resume` from the last
 recorded step. Jobs are backed up (running and pending, with what the dashboard does not show)
 before anything is stopped, and resubmitted under a deterministic new id, so a retried submission
@@ -31,7 +39,7 @@ from ops.drivers import Driver, driver_for
 from ops.errors import OpsError, Refused
 from ops.jobs import BackedUpJob, Job, active_jobs, owner_of, package_uris, resubmitted_id
 from ops.locks import Lease, LockRecord, acquire, current_lock, take_over
-from ops.ray_api import RayApi
+from ops.ray_api import RayApi, TokenRefused
 from ops.registry import Cluster
 from ops.store import Store, dump, read_model
 
@@ -76,6 +84,7 @@ class Resubmission(BaseModel):
     owner: str | None
     status: str = "submitted"  # submitted | failed
     error: str | None = None
+    attempt: int = 1  # a failed job is resubmitted again under a new id per attempt
 
 
 class RestartRecord(BaseModel):
@@ -94,6 +103,10 @@ class RestartRecord(BaseModel):
     resumed_by: list[str] = Field(default_factory=list)
     finished_at: datetime | None = None
     error: str | None = None
+    force_unbacked: bool = False  # an admin allowed going on when the head cannot be read
+    unbacked: bool = False  # it went on without a backup (forced): jobs may be lost
+    skip_resubmit: dict[str, str] = Field(default_factory=dict)  # job id -> who asked to leave it out
+    head_node: str | None = None  # the new head's node id, checked while settling
 
     @property
     def scope(self) -> str:
@@ -107,6 +120,7 @@ class RestartPlan(BaseModel):
     caller: str
     preserve_jobs: bool
     head_reachable: bool
+    unbacked: bool = False  # the head does not answer and the caller forced it: no backup
     jobs: list[Job]
     owners: dict[str, int]  # owner label -> job count
     others_jobs: int  # jobs not the caller's (unknown owners included)
@@ -126,6 +140,8 @@ class RestartResult(BaseModel):
     not_preserved: list[str]
     durations: dict[str, float]
     total_s: float
+    unbacked: bool = False
+    left_out: dict[str, str] = Field(default_factory=dict)  # job id -> who asked not to resubmit it
 
 
 def new_op_id(cluster: str) -> str:
@@ -174,15 +190,76 @@ def _resume_hint(cluster: Cluster, held: LockRecord) -> str:
     return f"it is running on {held.host} (pid {held.pid}); wait for it"
 
 
-def plan_restart(store: Store, cluster: Cluster, caller: str, preserve_jobs: bool) -> RestartPlan:
-    """Look before acting: the jobs a restart would stop, whose they are, what can be kept."""
+class Head(StrEnum):
+    """What a step may do with the head, from `read_head`."""
+
+    ANSWERS = "answers"  # read it: list, back up, stop
+    GONE = "gone"  # the driver says there is no head: nothing runs, nothing to lose
+    FORCED = "forced"  # it does not answer and an admin said go on anyway: jobs are not backed up
+
+
+NOT_BACKED_UP = "the head did not answer: jobs were NOT backed up (forced by an admin)"
+
+
+def read_head(
+    api: RayApi, driver: Driver, settings: Settings, force_unbacked: bool, progress: Progress = lambda _: None
+) -> Head:
+    """Whether a step may read the head, may go on without it, or must refuse.
+
+    Unreachable is not dead: timeouts and refused connections are retried up to the deadline; then
+    only the driver saying positively that no head exists lets the restart go on without a backup,
+    or an admin's `force_unbacked`. A 401/403 raises TokenRefused at once (bad input)."""
+    if api.wait_reachable(min(settings.reach_deadline_s, 2.0)):
+        return Head.ANSWERS
+    progress(f"the {api.cluster.name} head does not answer; retrying for {settings.reach_deadline_s:.0f}s")
+    if api.wait_reachable(settings.reach_deadline_s):
+        return Head.ANSWERS
+    exists = driver.head_exists()
+    if exists is False:
+        return Head.GONE
+    if force_unbacked:
+        return Head.FORCED
+    state = "is running" if exists else "may be running (the driver cannot tell)"
+    raise Refused(
+        f"the {api.cluster.name} head did not answer at {api.url} for {settings.reach_deadline_s:.0f}s "
+        f"but {state}: its jobs cannot be backed up, so nothing was stopped",
+        "check the head (or this machine's way to it) and try again; an admin may force a restart "
+        "without backup (--force-unbacked)",
+    )
+
+
+def _api(cluster: Cluster, driver: Driver) -> RayApi:
+    """The cluster's Ray API at the address the driver gives now (its registry address when the
+    driver cannot open one: that then reads as unreachable, which is the truth)."""
+    try:
+        return RayApi(cluster, driver.dashboard_url())
+    except OpsError:
+        return RayApi(cluster)
+
+
+def plan_restart(
+    store: Store,
+    cluster: Cluster,
+    caller: str,
+    preserve_jobs: bool,
+    force_unbacked: bool = False,
+    settings: Settings | None = None,
+    driver: Driver | None = None,
+) -> RestartPlan:
+    """Look before acting: the jobs a restart would stop, whose they are, what can be kept.
+
+    Refused when the head cannot be read and is not known to be gone (unless `force_unbacked`)."""
     check_unfinished(store, cluster)
-    api = RayApi(cluster)
+    settings = settings or Settings()
+    driver = driver or driver_for(cluster)
+    api = _api(cluster, driver)
+    head = read_head(api, driver, settings, force_unbacked)
     notes = []
-    reachable = api.reachable()
-    jobs = active_jobs(api) if reachable else []
-    if not reachable:
-        notes.append("the head does not answer: no job can be listed or backed up")
+    jobs = active_jobs(api) if head == Head.ANSWERS else []
+    if head == Head.GONE:
+        notes.append("the head is not running: there are no jobs to back up")
+    if head == Head.FORCED:
+        notes.append("the head does not answer: its jobs cannot be listed and will NOT be backed up")
     if not preserve_jobs and jobs:
         notes.append("--preserve-jobs 0: running and pending jobs are stopped and NOT resubmitted")
     owners = Counter(j.owner_label for j in jobs)
@@ -191,7 +268,8 @@ def plan_restart(store: Store, cluster: Cluster, caller: str, preserve_jobs: boo
         cluster=cluster.name,
         caller=caller,
         preserve_jobs=preserve_jobs,
-        head_reachable=reachable,
+        head_reachable=head == Head.ANSWERS,
+        unbacked=head == Head.FORCED,
         jobs=jobs,
         owners=dict(owners),
         others_jobs=others,
@@ -221,7 +299,7 @@ class RestartRun:
         self.settings = settings
         self.progress = progress
         self.driver = driver or driver_for(cluster)
-        self.api = RayApi(cluster)
+        self.api = _api(cluster, self.driver)
 
     # -- record keeping -------------------------------------------------------------------------
     def _save(self, **changes: Any) -> None:
@@ -253,7 +331,7 @@ class RestartRun:
                 Step.JOBS_STOPPED: self.stop_cluster,
                 Step.CLUSTER_STOPPED: self.start_cluster,
                 Step.CLUSTER_STARTED: self.resubmit,
-                Step.RESUBMITTED: self.finish,
+                Step.RESUBMITTED: self.settle,
             }
             while self.record.step in steps:
                 steps[self.record.step]()
@@ -271,21 +349,33 @@ class RestartRun:
             not_preserved=r.not_preserved,
             durations=r.durations,
             total_s=time.monotonic() - t0,
+            unbacked=r.unbacked,
+            left_out=r.skip_resubmit,
         )
 
     def _fail(self, e: BaseException) -> None:
-        """Leave the operation resumable at once: the lock stays, its lease is ended now."""
+        """Leave the operation resumable at once: the lock stays, its lease is ended now. A restart
+        refused before its first step touched nothing: it gives the cluster back instead."""
         self.lease.stop_renewing()
         if self.lease.lost:
             return
         reason = e.reason if isinstance(e, OpsError) else f"{type(e).__name__}: {e}"
+        untouched = self.record.step == Step.PLANNED and isinstance(e, Refused | TokenRefused)
         try:
+            if untouched:
+                self._save(error=reason, step=Step.ABANDONED, finished_at=datetime.now(UTC))
+                journal.append(self.store, self.record.scope, "refused", error=reason)
+                self.lease.release()
+                return
             self._save(error=reason)
             journal.append(self.store, self.record.scope, "failed", at_step=self.record.step.value,
                            error=reason)  # fmt: skip
             self.lease.expire()
         except Exception:  # the store is unreachable too: the lease then expires on its own
             return
+
+    def _head(self) -> Head:
+        return read_head(self.api, self.driver, self.settings, self.record.force_unbacked, self.progress)
 
     def _backup_jobs(self, jobs: list[Any]) -> tuple[list[str], list[str]]:
         """Write each job (and its packages) to the store: (ids written, what could not be kept)."""
@@ -328,9 +418,8 @@ class RestartRun:
         return written, notes
 
     def _backup_new(self) -> None:
-        """Back up active jobs that appeared since the backup (submitted while we were working)."""
-        if not self.record.preserve_jobs or not self.api.reachable():
-            return
+        """Back up active jobs that appeared since the backup (submitted while we were working).
+        Called only once the head answered (`_head`)."""
         known = set(self.record.jobs)
         fresh = [j for j in self._active_details() if j.submission_id not in known]
         if fresh:
@@ -342,58 +431,88 @@ class RestartRun:
         keep = {j.submission_id for j in active_jobs(self.api)}
         return [d for d in self.api.list_jobs() if d.submission_id in keep]
 
+    def _went_on_without(self, head: Head) -> dict[str, Any]:
+        """Record changes when a step goes on without reading the head."""
+        if head == Head.GONE:
+            self.progress("the head is not running: no job to back up")
+            return {}
+        self.progress("the head does not answer: going on WITHOUT a backup (forced by an admin)")
+        notes = self.record.not_preserved
+        return {
+            "unbacked": True,
+            "not_preserved": notes + ([NOT_BACKED_UP] if NOT_BACKED_UP not in notes else []),
+        }
+
     def backup(self) -> None:
         t = time.monotonic()
-        ids: list[str] = []
-        notes: list[str] = []
+        changes: dict[str, Any] = {"jobs": [], "not_preserved": []}
         if self.record.preserve_jobs:
-            if not self.api.reachable():
-                notes.append("the head did not answer: no job could be backed up")
-                self.progress("head unreachable: nothing to back up")
-            else:
+            head = self._head()
+            if head == Head.ANSWERS:
                 details = self._active_details()
-                if details:
-                    ids, notes = self._backup_jobs(details)
-                self.progress(f"backed up {len(ids)} job(s) to {self.store.url}")
-        self._advance(Step.BACKED_UP, t, jobs=ids, not_preserved=notes)
+                ids, notes = self._backup_jobs(details) if details else ([], [])
+                changes = {"jobs": ids, "not_preserved": notes}
+                self.progress(f"backed up {len(ids)} job(s)")
+            else:
+                changes.update(self._went_on_without(head))
+        self._advance(Step.BACKED_UP, t, **changes)
 
     def backed_up(self, submission_id: str) -> BackedUpJob:
         got = read_model(self.store, f"{self.record.scope}/jobs/{submission_id}.json", BackedUpJob)
         if got is None:
-            raise OpsError(f"the backup of {submission_id} is missing from {self.store.url}")
+            raise OpsError(f"the backup of {submission_id} is missing from the store")
         return got[0]
 
     def stop_jobs(self) -> None:
         t = time.monotonic()
-        if self.api.reachable():
-            self._backup_new()
-            active = active_jobs(self.api)
+        changes: dict[str, Any] = {}
+        if self.record.preserve_jobs:
+            head = self._head()
+            if head == Head.ANSWERS:
+                self._backup_new()
+            else:
+                changes = self._went_on_without(head)
+        else:  # nothing is kept either way: stop what answers, so that jobs can checkpoint
+            head = Head.ANSWERS if self.api.reachable() else Head.GONE
+        if head == Head.ANSWERS:
+            self._stop_active()
+        self._advance(Step.JOBS_STOPPED, t, **changes)
 
-            def stop(job: Job) -> None:
-                try:
-                    self.api.stop(job.submission_id)
-                except Exception as e:  # already finished, or the agent is gone: the stop covers it
-                    self.progress(f"could not stop {job.submission_id} cleanly: {e}")
+    def _stop_active(self) -> None:
+        active = active_jobs(self.api)
 
-            with ThreadPoolExecutor(max_workers=8) as pool:
-                list(pool.map(stop, active))
-            # Only running jobs have work to checkpoint; a pending one may never see its stop
-            # before the cluster goes (Ray queues it behind the supervisor actor's resources).
-            deadline = time.monotonic() + self.settings.stop_grace_s
-            running = {j.submission_id for j in active if j.status == "RUNNING"}
-            while running and time.monotonic() < deadline:
-                time.sleep(0.25)
-                running &= {j.submission_id for j in active_jobs(self.api) if j.status == "RUNNING"}
-            self.progress(
-                f"stopped {len(active)} job(s)"
-                + (f"; {len(running)} still running after the grace period" if running else "")
-            )
-        self._advance(Step.JOBS_STOPPED, t)
+        def stop(job: Job) -> None:
+            try:
+                self.api.stop(job.submission_id)
+            except Exception as e:  # already finished, or the agent is gone: the stop covers it
+                self.progress(f"could not stop {job.submission_id} cleanly: {e}")
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(stop, active))
+        # Only running jobs have work to checkpoint; a pending one may never see its stop
+        # before the cluster goes (Ray queues it behind the supervisor actor's resources).
+        deadline = time.monotonic() + self.settings.stop_grace_s
+        running = {j.submission_id for j in active if j.status == "RUNNING"}
+        while running and time.monotonic() < deadline:
+            time.sleep(0.25)
+            running &= {j.submission_id for j in active_jobs(self.api) if j.status == "RUNNING"}
+        self.progress(
+            f"stopped {len(active)} job(s)"
+            + (f"; {len(running)} still running after the grace period" if running else "")
+        )
 
     def stop_cluster(self) -> None:
+        """The last backup (jobs submitted since the stop), then the cluster goes."""
         t = time.monotonic()
-        if self.api.reachable():
-            self._backup_new()
+        changes: dict[str, Any] = {}
+        if self.record.preserve_jobs:
+            head = self._head()
+            if head == Head.ANSWERS:
+                self._backup_new()
+            else:
+                changes = self._went_on_without(head)
+        if changes:
+            self._save(**changes)
         self.progress(self.driver.stop())
         self._advance(Step.CLUSTER_STOPPED, t)
 
@@ -401,49 +520,81 @@ class RestartRun:
         t = time.monotonic()
         self.progress(self.driver.start())
         timeout = self.settings.head_timeout_s or (120.0 if self.cluster.driver == "local" else 1200.0)
-        self.api = RayApi(self.cluster)
+        self.api = _api(self.cluster, self.driver)  # a new head: maybe a new address
         self.api.wait_accepting(timeout)
         self.progress("head is accepting jobs")
         # Registered reserved workers are re-added here once add-worker exists (see the issues).
-        self._advance(Step.CLUSTER_STARTED, t)
+        self._advance(Step.CLUSTER_STARTED, t, head_node=self._head_node())
+
+    def _head_node(self) -> str | None:
+        """The id of the head node, alive (None when the dashboard cannot say)."""
+        try:
+            nodes = self.api.nodes()
+        except OpsError:
+            return None
+        alive = [n for n in nodes if n.get("is_head_node") and n.get("state") == "ALIVE"]
+        return alive[0].get("node_id") if alive else None
+
+    def _to_resubmit(self) -> list[BackedUpJob]:
+        """Backed-up jobs not yet resubmitted, or whose last attempt failed; not those left out."""
+        done = self.record.resubmitted
+        return [
+            self.backed_up(sid)
+            for sid in self.record.jobs
+            if sid not in self.record.skip_resubmit and (sid not in done or done[sid].status == "failed")
+        ]
 
     def resubmit(self) -> None:
         """Resubmit every backed-up job not yet resubmitted, in parallel. Exactly once even across
-        a crash: the new id is deterministic, so Ray refuses a second submission of it."""
+        a crash: the new id is deterministic, so Ray refuses a second submission of it. A job that
+        still fails after retries keeps the restart unfinished (failed is not done)."""
         t = time.monotonic()
-        jobs = [self.backed_up(sid) for sid in self.record.jobs if sid not in self.record.resubmitted]
+        jobs = self._to_resubmit()
         missing: dict[str, str] = {}
         for uri, key in sorted({(u, k) for job in jobs for u, k in job.packages.items()}):
             blob = self.store.read(key)
             try:
                 if blob is None:
                     raise OpsError(f"package {uri} is missing from the store")
-                self.api.upload_package(uri, blob.data)
+                _retry(lambda blob=blob, uri=uri: self.api.upload_package(uri, blob.data))
             except OpsError as e:
                 missing[uri] = e.reason
+        previous = self.record.resubmitted
 
         def one(job: BackedUpJob) -> Resubmission:
-            new_id = resubmitted_id(job.submission_id, self.record.op_id)
+            attempt = previous[job.submission_id].attempt + 1 if job.submission_id in previous else 1
+            new_id = resubmitted_id(job.submission_id, self.record.op_id, attempt)
+            entry = Resubmission(old_id=job.submission_id, new_id=new_id, owner=job.owner, attempt=attempt)
             try:
                 lost = [missing[u] for u in job.packages if u in missing]
                 if lost:
                     raise OpsError(lost[0])
-                self._submit_once(job, new_id)
-                return Resubmission(old_id=job.submission_id, new_id=new_id, owner=job.owner)
+                _retry(lambda: self._submit_once(job, new_id))
+                return entry
             except OpsError as e:
-                return Resubmission(old_id=job.submission_id, new_id=new_id, owner=job.owner,
-                                    status="failed", error=e.reason)  # fmt: skip
+                return entry.model_copy(update={"status": "failed", "error": e.reason})
 
-        done = dict(self.record.resubmitted)
+        done = dict(previous)
         with ThreadPoolExecutor(max_workers=8) as pool:
             for n, entry in enumerate(pool.map(one, jobs)):
                 done[entry.old_id] = entry
                 self.record = self.record.model_copy(update={"resubmitted": done})  # saved on failure too
                 journal.append(self.store, self.record.scope, "resubmit", **entry.model_dump())
+                who = entry.owner or "owner unknown"
                 self.progress(
-                    f"resubmitted {entry.old_id} -> {entry.new_id} ({entry.owner or 'owner unknown'})"
+                    f"resubmitted {entry.old_id} -> {entry.new_id} ({who})"
+                    if entry.status == "submitted"
+                    else f"could not resubmit {entry.old_id} ({who}): {entry.error}"
                 )
                 _fault_point(f"resubmit:{n + 1}")
+        failed = [x for x in done.values() if x.status == "failed"]
+        if failed:
+            self._save(resubmitted=done)
+            raise OpsError(
+                f"{len(failed)} job(s) could not be resubmitted: "
+                + "; ".join(f"{x.old_id} ({x.error})" for x in failed),
+                f"`python -m ops restart --cluster {self.cluster.name} --resume` tries them again",
+            )
         self._advance(Step.RESUBMITTED, t, resubmitted=done)
 
     def _submit_once(self, job: BackedUpJob, new_id: str) -> None:
@@ -461,10 +612,90 @@ class RestartRun:
             return
         raise OpsError(f"resubmitting {job.submission_id} failed: {str(first_error).strip()[:300]}")
 
-    def finish(self) -> None:
+    def settle(self) -> None:
+        """Done only when the jobs run: the new head stays up for the settle time and every
+        resubmitted job is running (pending only when it asked for resources, e.g. TPUs)."""
         t = time.monotonic()
+        seen_since = t  # the head has been seen alive, as the same node, since then
+        limit = t + 4 * self.settings.settle_s + 30
+        while True:
+            head = self._head_node()
+            if head is not None and self.record.head_node not in (None, head):
+                self._head_died()
+            if head is None:
+                if self.api.reachable() or self.driver.head_exists() is False:
+                    self._head_died()
+                seen_since = time.monotonic()  # cannot see it: it has not been seen staying up
+            bad, waiting = self._job_states() if head is not None else ({}, [])
+            if bad:
+                self._jobs_failed(bad)
+            now = time.monotonic()
+            if head is not None and now - seen_since >= self.settings.settle_s and not waiting:
+                break
+            if now >= limit:
+                raise OpsError(
+                    f"after {now - t:.0f}s the {self.cluster.name} head was not seen up for "
+                    f"{self.settings.settle_s:.0f}s with every job running"
+                    + (f" (still pending, asking no resources: {', '.join(waiting)})" if waiting else ""),
+                    f"`python -m ops restart --cluster {self.cluster.name} --resume` checks them again",
+                )
+            time.sleep(1.0)
+        self.progress(f"the head stayed up {time.monotonic() - t:.0f}s with every job running")
         self.api.delete_finished_probes()
         self._advance(Step.DONE, t, finished_at=datetime.now(UTC), error=None)
+
+    def _job_states(self) -> tuple[dict[str, str], list[str]]:
+        """(resubmitted jobs that ended or vanished -> why, jobs still pending with no resources asked)."""
+        bad: dict[str, str] = {}
+        waiting: list[str] = []
+        for x in self.record.resubmitted.values():
+            if x.status != "submitted":
+                continue
+            status = self.api.status(x.new_id)
+            if status in ("RUNNING", "SUCCEEDED"):
+                continue
+            if status == "PENDING":
+                job = self.backed_up(x.old_id)
+                if not (job.entrypoint_resources or job.entrypoint_num_gpus or job.entrypoint_num_cpus):
+                    waiting.append(x.new_id)
+                continue
+            bad[x.old_id] = f"{x.new_id} is {status or 'gone'} after its resubmission"
+        return bad, waiting
+
+    def _head_died(self) -> None:
+        """The new head went away after the jobs were resubmitted: they went with it. Back to
+        starting the cluster, every job to be resubmitted again (a new head knows no id)."""
+        self._save(step=Step.CLUSTER_STOPPED, resubmitted={}, head_node=None)
+        journal.append(self.store, self.record.scope, "head_died", after="resubmitted")
+        raise OpsError(
+            f"the new {self.cluster.name} head went down after the jobs were resubmitted",
+            f"`python -m ops restart --cluster {self.cluster.name} --resume` starts it again and "
+            "resubmits every job",
+        )
+
+    def _jobs_failed(self, bad: dict[str, str]) -> None:
+        done = {
+            old: x.model_copy(update={"status": "failed", "error": bad[old]}) if old in bad else x
+            for old, x in self.record.resubmitted.items()
+        }
+        self._save(step=Step.CLUSTER_STARTED, resubmitted=done)
+        journal.append(self.store, self.record.scope, "jobs_failed", jobs=bad)
+        raise OpsError(
+            f"{len(bad)} resubmitted job(s) did not keep running: " + "; ".join(bad.values()),
+            f"`python -m ops restart --cluster {self.cluster.name} --resume` resubmits them again",
+        )
+
+
+def _retry(call: Callable[[], None], tries: int = 3, pause_s: float = 1.0) -> None:
+    """Retry a call that failed (transient errors: a 503, a reset connection) with backoff."""
+    for n in range(tries):
+        try:
+            call()
+            return
+        except OpsError:
+            if n == tries - 1:
+                raise
+        time.sleep(pause_s * 3**n)
 
 
 def _fault_point(name: str) -> None:
@@ -485,9 +716,13 @@ def start_restart(
     settings: Settings | None = None,
     progress: Progress = lambda _: None,
     lease: Lease | None = None,
+    force_unbacked: bool = False,
+    skip_resubmit: dict[str, str] | None = None,
+    driver: Driver | None = None,
 ) -> RestartRun:
     """Take the cluster's lock (or use `lease`, held since the bot announced the restart) and create
-    the operation record; `.run()` then executes it."""
+    the operation record; `.run()` then executes it. `skip_resubmit`: jobs backed up but not
+    resubmitted, each with who asked (jobs that must not run twice)."""
     settings = settings or Settings()
     if lease is None:
         lease = acquire(store, cluster.name, new_op_id(cluster.name), "restart", caller, settings.lease_s)
@@ -498,6 +733,8 @@ def start_restart(
         requested_by=caller,
         preserve_jobs=preserve_jobs,
         created_at=datetime.now(UTC),
+        force_unbacked=force_unbacked,
+        skip_resubmit=dict(skip_resubmit or {}),
     )
     try:
         version = store.create(_record_key(cluster.name, op_id), dump(record))
@@ -505,7 +742,7 @@ def start_restart(
     except BaseException:
         lease.release()
         raise
-    return RestartRun(store, cluster, lease, record, version, settings, progress)
+    return RestartRun(store, cluster, lease, record, version, settings, progress, driver)
 
 
 def resume_restart(
@@ -515,6 +752,7 @@ def resume_restart(
     settings: Settings | None = None,
     progress: Progress = lambda _: None,
     holder: str | None = None,
+    driver: Driver | None = None,
 ) -> RestartRun:
     """Continue the unfinished restart of `cluster` whose process died (its lease expired, or it was
     the same `holder`, e.g. the bot restarted)."""
@@ -529,7 +767,7 @@ def resume_restart(
         )
     lease = take_over(store, cluster.name, held.op_id, caller, settings.lease_s, holder=holder)
     record, version = load_record(store, cluster.name, held.op_id)
-    run = RestartRun(store, cluster, lease, record, version, settings, progress)
+    run = RestartRun(store, cluster, lease, record, version, settings, progress, driver)
     run._save(resumed_by=record.resumed_by + [caller], error=None)
     journal.append(store, record.scope, "resumed", by=caller, at_step=record.step.value)
     progress(f"resuming {record.op_id} at step {record.step.value}")

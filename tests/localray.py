@@ -70,6 +70,8 @@ class Env:
             "CLUSTERBOT_LEASE_S": str(LEASE_S),
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             "RAY_USAGE_STATS_ENABLED": "0",
+            "CLUSTERBOT_SETTLE_S": "3",  # tests that need the real settle time set their own
+            "CLUSTERBOT_REACH_DEADLINE_S": "10",
         }
 
     def ops(self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 240) -> Result:

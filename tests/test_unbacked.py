@@ -1,0 +1,261 @@
+"""A restart never stops what it did not back up: a refused token, a stalled dashboard, a GCP head this
+machine cannot reach. And "done" means the jobs run: a head that dies after the resubmission, or a
+resubmission that fails, leaves the restart unfinished for `--resume`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from ops import journal
+from ops.drivers.gcp import GcpDriver, RunResult
+from ops.errors import OpsError, Refused
+from ops.jobs import active_jobs
+from ops.locks import current_lock
+from ops.ray_api import RayApi
+from ops.registry import DEFAULT_REGISTRY, Cluster, load_registry
+from ops.restart import Settings, Step, find_record, plan_restart, resume_restart, start_restart
+from ops.store import LocalStore, open_store
+from tests.localray import Env, wait_for
+from tests.test_restart import check_survived, stage_jobs
+
+
+def _dashboard(cluster: Cluster) -> psutil.Process:
+    """The local head's dashboard process (found by its port)."""
+    port = cluster.local_ports.dashboard
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return psutil.Process(conn.pid)
+    raise AssertionError(f"nothing listens on the dashboard port {port}")
+
+
+@pytest.fixture
+def stalled(cluster: Cluster) -> Iterator[psutil.Process]:
+    """SIGSTOP the dashboard (a head that is up but does not answer); always SIGCONT at the end."""
+    proc = _dashboard(cluster)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGCONT)
+
+
+def _active(cluster: Cluster) -> set[str]:
+    return {j.submission_id for j in active_jobs(RayApi(cluster))}
+
+
+def test_a_refused_token_is_bad_input_and_stops_nothing(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    ids = stage_jobs(cluster, tmp_path)
+    wrong = tmp_path / "wrong_token"
+    wrong.write_text("wrong")
+    raw = yaml.safe_load(ops_env.registry.read_text())
+    raw["clusters"]["local"]["token"] = {"file": str(wrong)}
+    registry = tmp_path / "clusters.yaml"
+    registry.write_text(yaml.safe_dump(raw))
+
+    r = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes",
+                    extra_env={"CLUSTERBOT_REGISTRY": str(registry)})  # fmt: skip
+
+    assert r.code == 2, r
+    assert "refused our token" in r.err and str(wrong) in r.err
+    assert len(r.err.strip().splitlines()) <= 2, r.err  # one line (plus nothing else)
+    assert _active(cluster) == set(ids.values())
+    assert current_lock(open_store(), "local") is None
+
+
+def test_a_dashboard_stalled_past_the_deadline_refuses_and_stops_nothing(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    ids = stage_jobs(cluster, tmp_path)
+    proc = _dashboard(cluster)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        r = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes",
+                        extra_env={"CLUSTERBOT_REACH_DEADLINE_S": "3"})  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGCONT)
+
+    assert r.code == 3, r
+    assert "did not answer" in r.err and "is running" in r.err and "--force-unbacked" in r.err
+    wait_for(lambda: RayApi(cluster).reachable(), 30, "the dashboard to answer again")
+    assert _active(cluster) == set(ids.values())
+    assert current_lock(open_store(), "local") is None
+
+
+def test_a_dashboard_stalled_for_a_while_is_waited_for_and_every_job_kept(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    ids = stage_jobs(cluster, tmp_path)
+    proc = _dashboard(cluster)
+    proc.send_signal(signal.SIGSTOP)
+    timer = threading.Timer(8.0, lambda: proc.send_signal(signal.SIGCONT))
+    timer.start()
+    try:
+        r = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes", "--json",
+                        extra_env={"CLUSTERBOT_REACH_DEADLINE_S": "60"})  # fmt: skip
+    finally:
+        timer.cancel()
+        proc.send_signal(signal.SIGCONT)
+
+    assert r.code == 0, r
+    assert "does not answer; retrying" in r.err
+    check_survived(cluster, ids)
+
+
+def test_a_dashboard_that_stalls_after_the_backup_stops_no_job(ops_env: Env, cluster: Cluster,
+                                                               tmp_path: Path) -> None:  # fmt: skip
+    """The same rule at the next step: the jobs submitted since the backup cannot be read, so the
+    jobs are not stopped; the restart is left resumable and a resume keeps every job."""
+    ids = stage_jobs(cluster, tmp_path)
+    store = open_store()
+    proc = _dashboard(cluster)
+
+    def progress(line: str) -> None:
+        if line.startswith("backed up"):
+            proc.send_signal(signal.SIGSTOP)
+
+    run = start_restart(store, cluster, "alice", True, Settings(reach_deadline_s=3), progress)
+    try:
+        with pytest.raises(Refused, match="did not answer"):
+            run.run()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+
+    record = find_record(store, "local", run.record.op_id)
+    assert record is not None and record.step == Step.BACKED_UP
+    wait_for(lambda: RayApi(cluster).reachable(), 30, "the dashboard to answer again")
+    assert _active(cluster) == set(ids.values())
+    resumed = resume_restart(store, cluster, "alice", Settings()).run()
+    assert resumed.step == Step.DONE
+    check_survived(cluster, ids)
+
+
+def test_an_admin_may_force_a_restart_without_backup(
+    ops_env: Env, cluster: Cluster, tmp_path: Path, stalled: psutil.Process
+) -> None:
+    store = open_store()
+    plan = plan_restart(store, cluster, "admin", True, force_unbacked=True,
+                        settings=Settings(reach_deadline_s=2))  # fmt: skip
+    assert plan.unbacked and plan.jobs == []
+    run = start_restart(store, cluster, "admin", True, Settings(reach_deadline_s=2), force_unbacked=True)
+    stalled.send_signal(signal.SIGCONT)  # too late for the backup step: it already went on without
+    result = run.run()
+
+    assert result.step == Step.DONE and result.unbacked
+    assert any("NOT backed up" in n for n in result.not_preserved)
+
+
+# -- GCP: a head this machine cannot reach ------------------------------------------------------------
+class FakeRay:
+    """The `ray` CLI of a GCP cluster, as seen through the driver's runner: records every command."""
+
+    def __init__(self, head_ip: str | None) -> None:
+        self.head_ip = head_ip
+        self.calls: list[str] = []
+
+    def __call__(self, argv: Sequence[str], *, timeout: float, cwd: Path) -> RunResult:
+        verb = argv[1]
+        self.calls.append(verb)
+        if verb == "get-head-ip":
+            if self.head_ip is None:
+                return RunResult(1, "Head node of cluster (marin-us-central2) not found!\n")
+            return RunResult(0, f"{self.head_ip}\n")
+        return RunResult(0, f"ray {verb} done\n")
+
+
+def _unused_port() -> int:
+    """A port nothing listens on (free a moment ago; nothing here binds it after)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def gcp_cluster() -> Cluster:
+    """us-central2 as the registry has it, with its dashboard on a port where nothing answers."""
+    cluster = load_registry(DEFAULT_REGISTRY).get("us-central2")
+    return cluster.model_copy(update={"dashboard_url": f"http://127.0.0.1:{_unused_port()}", "token": None})
+
+
+def test_a_gcp_head_that_exists_but_does_not_answer_is_never_taken_down(
+    gcp_cluster: Cluster, tmp_path: Path
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    ray = FakeRay(head_ip="10.0.0.7")
+    driver = GcpDriver(gcp_cluster, runner=ray)
+    settings = Settings(reach_deadline_s=1)
+
+    with pytest.raises(Refused, match="is running"):
+        plan_restart(store, gcp_cluster, "alice", True, settings=settings, driver=driver)
+    run = start_restart(store, gcp_cluster, "alice", True, settings, driver=driver)
+    with pytest.raises(Refused):
+        run.run()
+
+    assert "down" not in ray.calls and "up" not in ray.calls
+    assert current_lock(store, gcp_cluster.name) is None  # nothing was touched: the cluster is free
+    record = find_record(store, gcp_cluster.name, run.record.op_id)
+    assert record.step == Step.ABANDONED and "did not answer" in record.error
+    assert [e["event"] for e in journal.read(store, record.scope)][-1] == "refused"
+
+
+def test_a_gcp_head_that_does_not_exist_has_nothing_to_back_up(gcp_cluster: Cluster, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    ray = FakeRay(head_ip=None)
+    driver = GcpDriver(gcp_cluster, runner=ray)
+    settings = Settings(reach_deadline_s=1, head_timeout_s=1)
+
+    plan = plan_restart(store, gcp_cluster, "alice", True, settings=settings, driver=driver)
+    assert "not running" in " ".join(plan.notes) and not plan.unbacked
+    run = start_restart(store, gcp_cluster, "alice", True, settings, driver=driver)
+    with pytest.raises(OpsError, match="did not accept a job submission"):
+        run.run()  # the fake `ray up` starts no dashboard: the wait for the new head fails
+
+    assert ray.calls.index("down") < ray.calls.index("up")
+    assert find_record(store, gcp_cluster.name, run.record.op_id).step == Step.CLUSTER_STOPPED
+
+
+# -- done means the jobs run -------------------------------------------------------------------------
+def _raylet(cluster: Cluster) -> psutil.Process:
+    from ops.drivers.local import LocalDriver
+
+    marker = str(LocalDriver(cluster).temp_dir)
+    for proc in psutil.process_iter(["name"]):
+        try:
+            if proc.info["name"] == "raylet" and proc.environ().get("CLUSTERBOT_LOCAL_HEAD") == marker:
+                return proc
+        except psutil.Error:
+            continue
+    raise AssertionError("the local head's raylet was not found")
+
+
+def test_a_head_that_dies_after_the_resubmission_is_not_done(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    ids = stage_jobs(cluster, tmp_path)
+    store = open_store()
+    killed = threading.Event()
+
+    def progress(line: str) -> None:
+        if line.startswith("resubmitted") and not killed.is_set():
+            killed.set()  # the jobs are on the new head now: it goes down, as seen in CI
+            threading.Timer(1.0, lambda: os.kill(_raylet(cluster).pid, signal.SIGKILL)).start()
+
+    run = start_restart(store, cluster, "alice", True, Settings(settle_s=20), progress)
+    with pytest.raises(OpsError, match="went down after the jobs were resubmitted"):
+        run.run()
+
+    record = find_record(store, "local", run.record.op_id)
+    assert record.step == Step.CLUSTER_STOPPED and record.resubmitted == {}
+    resumed = resume_restart(store, cluster, "alice", Settings()).run()
+    assert resumed.step == Step.DONE
+    check_survived(cluster, ids)
