@@ -5,12 +5,18 @@ backend offers the same few primitives, each atomic through the backend's own me
 create-if-absent and compare-and-set on a version (a content hash locally, the object generation on
 GCS). Locks and journals are built on those two alone (FINDINGS: no `open("xb")`, no conditional
 deletes on GCS).
+
+Job backups hold the jobs' env vars, secrets included (they must, to resubmit faithfully): the local
+store is private to its user (files 0600, directories 0700), and the README says how to keep a bucket
+private. `open_store` checks the store before anyone relies on it: a store that cannot be used is one
+BadInput naming it and the fix, not a traceback halfway through an operation.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import uuid
 from dataclasses import dataclass
@@ -19,7 +25,7 @@ from typing import Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from ops.errors import BadInput
+from ops.errors import BadInput, OpsError
 from ops.registry import clusterbot_home
 
 M = TypeVar("M", bound=BaseModel)
@@ -38,6 +44,7 @@ class Versioned:
 class Store(Protocol):
     url: str
 
+    def check(self) -> None: ...
     def read(self, key: str) -> Versioned | None: ...
     def create(self, key: str, data: bytes) -> str: ...
     def replace(self, key: str, data: bytes, version: str) -> str: ...
@@ -56,7 +63,19 @@ class LocalStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.url = str(root)
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            _private_dirs(root)
+        except OSError as e:
+            raise _unusable(self.url, e) from None
+
+    def check(self) -> None:
+        """Write and remove a probe file: a store we cannot write would fail in the middle of a restart."""
+        probe = self.root / f".probe-{uuid.uuid4().hex}"
+        try:
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            probe.unlink()
+        except OSError as e:
+            raise _unusable(self.url, e) from None
 
     def _path(self, key: str) -> Path:
         if key.startswith("/") or ".." in key.split("/"):
@@ -68,9 +87,9 @@ class LocalStore:
         return hashlib.sha256(data).hexdigest()[:32]
 
     def _temp(self, path: Path, data: bytes) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _private_dirs(path.parent)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -86,8 +105,9 @@ class LocalStore:
             os.close(fd)
 
     def _locked(self, path: Path):  # noqa: ANN202 - an open file holding an exclusive flock
-        path.parent.mkdir(parents=True, exist_ok=True)
-        lockf = open(path.with_name(f".{path.name}.lock"), "a")
+        _private_dirs(path.parent)
+        lock = path.with_name(f".{path.name}.lock")
+        lockf = os.fdopen(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "a")
         fcntl.flock(lockf, fcntl.LOCK_EX)
         return lockf
 
@@ -145,6 +165,36 @@ class LocalStore:
         )
 
 
+def _private_dirs(path: Path) -> None:
+    """`mkdir -p` whose every new directory is 0700 (`Path.mkdir(parents=True)` gives the parents
+    the default mode, 0755 under the usual umask). Existing directories are left as they are."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:
+            if not d.is_dir():
+                raise NotADirectoryError(20, "Not a directory", str(d)) from None
+
+
+def _unusable(url: str, e: OSError) -> BadInput:
+    if isinstance(e, (NotADirectoryError, FileExistsError)):
+        where = f" ({e.filename} is a file)" if e.filename and str(e.filename) != url else ""
+        return BadInput(
+            f"the store {url} is not a directory{where}",
+            "set CLUSTERBOT_STORE to a directory (or gs://BUCKET/PREFIX)",
+        )
+    return BadInput(
+        f"cannot write to the store {url}: {e.strerror or e}",
+        "make it writable for this user, or set CLUSTERBOT_STORE to a directory it can write",
+    )
+
+
 class GcsStore:
     """A bucket prefix through google-cloud-storage: `if_generation_match=0` creates only when absent,
     `if_generation_match=G` replaces only generation G (GCP_API_FACTS.md 6.1)."""
@@ -160,8 +210,36 @@ class GcsStore:
             raise BadInput(f"bad store URL {url!r}", "use gs://BUCKET[/PREFIX]")
         self.url = url
         self._prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self._client = client or _gcs_client(storage)
+        self._client = client or _gcs_client(storage, url)
         self._bucket = self._client.bucket(bucket)
+
+    def check(self) -> None:
+        """List one object under the prefix: the credentials work and the bucket exists and lets us in.
+        (Not a probe write: GCS allows one write per second per object, and every process opens.)"""
+        from google.api_core import exceptions as gexc
+        from google.auth.exceptions import GoogleAuthError
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        retry = DEFAULT_RETRY.with_timeout(CHECK_TIMEOUT_S)
+        try:
+            blobs = self._client.list_blobs(
+                self._bucket, prefix=self._prefix, max_results=1, timeout=CHECK_TIMEOUT_S, retry=retry
+            )
+            list(blobs)
+        except gexc.NotFound:
+            raise BadInput(
+                f"the store's bucket {self._bucket.name} does not exist ({self.url})",
+                "create it, or set CLUSTERBOT_STORE to an existing bucket",
+            ) from None
+        except (gexc.Forbidden, gexc.Unauthorized, GoogleAuthError) as e:
+            raise BadInput(
+                f"no access to the store {self.url}: {getattr(e, 'message', None) or type(e).__name__}",
+                "grant this machine's service account Storage Object Admin on the bucket (README)",
+            ) from None
+        except (gexc.GoogleAPIError, OSError) as e:
+            raise OpsError(
+                f"cannot reach the store {self.url}: {type(e).__name__}", "check the network and retry"
+            ) from None
 
     def _blob(self, key: str):  # noqa: ANN202 - google.cloud.storage.Blob
         return self._bucket.blob(self._prefix + key)
@@ -217,8 +295,13 @@ class GcsStore:
 _WRITE_TOKEN = "clusterbot-write"
 
 
-def _gcs_client(storage):  # noqa: ANN001, ANN202
+CHECK_TIMEOUT_S = 20.0  # open_store's look at a bucket, retries included
+
+
+def _gcs_client(storage, url: str):  # noqa: ANN001, ANN202
     """A storage client; STORAGE_EMULATOR_HOST (an emulator) needs no credentials."""
+    from google.auth.exceptions import DefaultCredentialsError
+
     emulator = os.environ.get("STORAGE_EMULATOR_HOST")
     if emulator:
         from google.auth.credentials import AnonymousCredentials
@@ -228,7 +311,25 @@ def _gcs_client(storage):  # noqa: ANN001, ANN202
             credentials=AnonymousCredentials(),
             client_options={"api_endpoint": emulator},
         )
-    return storage.Client()
+    # google.auth logs a warning for each place it looked in vain; our one line says it all.
+    quiet = logging.getLogger("google.auth._default")
+    hush = _Hush()
+    quiet.addFilter(hush)
+    try:
+        return storage.Client()
+    except DefaultCredentialsError:
+        raise BadInput(
+            f"no Google Cloud credentials for the store {url}",
+            "set GOOGLE_APPLICATION_CREDENTIALS to a service account key, run "
+            "`gcloud auth application-default login`, or run on a VM with a service account",
+        ) from None
+    finally:
+        quiet.removeFilter(hush)
+
+
+class _Hush(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.WARNING
 
 
 def default_store_url() -> str:
@@ -236,13 +337,17 @@ def default_store_url() -> str:
 
 
 def open_store(url: str | None = None) -> Store:
-    """The store named by `url`, else by CLUSTERBOT_STORE, else `~/.clusterbot/store`."""
+    """The store named by `url`, else by CLUSTERBOT_STORE, else `~/.clusterbot/store`, checked usable
+    (BadInput naming the store and the fix otherwise)."""
     url = url or default_store_url()
     if url.startswith("gs://"):
-        return GcsStore(url)
-    if "://" in url:
+        store: Store = GcsStore(url)
+    elif "://" in url:
         raise BadInput(f"unsupported store URL {url!r}", "use a local directory or gs://BUCKET/PREFIX")
-    return LocalStore(Path(url).expanduser())
+    else:
+        store = LocalStore(Path(url).expanduser())
+    store.check()
+    return store
 
 
 def read_model(store: Store, key: str, model: type[M]) -> tuple[M, str] | None:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -10,6 +16,7 @@ import pytest
 import requests
 
 from ops.errors import BadInput
+from ops.registry import DEFAULT_REGISTRY, REPO_ROOT
 from ops.store import Conflict, GcsStore, LocalStore, Store, open_store
 from tests.gcs_emulator import GcsEmulator, StoreFactory
 
@@ -236,3 +243,105 @@ def test_open_store_gs_through_emulator_env(
 def test_open_store_bad_urls(url: str) -> None:
     with pytest.raises(BadInput):
         open_store(url)
+
+
+# -- the local store is private: job backups hold env-var secrets ------------------------------------
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def test_local_store_files_are_0600_and_its_directories_0700(tmp_path: Path) -> None:
+    old = os.umask(0o022)  # the usual umask, which made 0644 files and 0755 directories
+    try:
+        s = open_store(str(tmp_path / "new" / "parents" / "store"))
+        s.create("backups/op1/job-a.json", b'{"env_vars": {"WANDB_API_KEY": "secret"}}')
+        v = s.put("locks/local.json", b"one")
+        s.replace("locks/local.json", b"two", v)
+        s.create("top.json", b"x")
+    finally:
+        os.umask(old)
+    root = tmp_path / "new" / "parents" / "store"
+    dirs = [tmp_path / "new", tmp_path / "new" / "parents", root, root / "backups", root / "backups" / "op1",
+            root / "locks"]  # fmt: skip
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"job-a.json", "local.json", ".local.json.lock", "top.json"}
+    assert not [p for p in files if p.name.endswith(".tmp") or p.name.startswith(".probe")]
+    assert {str(d.relative_to(tmp_path)): oct(_mode(d)) for d in dirs} == {
+        str(d.relative_to(tmp_path)): "0o700" for d in dirs
+    }
+    assert {p.name: oct(_mode(p)) for p in files} == {p.name: "0o600" for p in files}
+    assert _mode(tmp_path) == 0o700  # pytest's own directory: existing directories are left alone
+
+
+# -- a store that cannot be used: one line naming it and the fix, exit 2 ----------------------------
+def test_open_store_refuses_a_file_in_process(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("not a directory")
+    with pytest.raises(BadInput, match="is not a directory") as e:
+        open_store(str(tmp_path / "f"))
+    assert "CLUSTERBOT_STORE" in e.value.hint
+    with pytest.raises(BadInput, match=r"is not a directory \(.*/f is a file\)"):
+        open_store(str(tmp_path / "f" / "store"))
+
+
+def test_open_store_refuses_a_missing_bucket(
+    gcs_server: GcsEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server.url)
+    with pytest.raises(BadInput, match="bucket no-such-bucket does not exist"):
+        open_store("gs://no-such-bucket/prefix")
+
+
+def _bad_store(kind: str, base: Path) -> tuple[str, str, str]:
+    """(CLUSTERBOT_STORE, what the line must say, the fix it must name) for one kind of bad store."""
+    if kind == "read-only":
+        ro = base / "ro-store"
+        ro.mkdir()
+        ro.chmod(0o555)
+        # root writes into a 0555 directory: make it immutable instead (undone by _remove)
+        if os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(ro)], timeout=10).returncode != 0:
+            pytest.skip("running as root and cannot make a directory immutable (chattr)")
+        return str(ro), f"cannot write to the store {ro}: ", "make it writable"
+    if kind == "a-file":
+        f = base / "store-file"
+        f.write_text("I am a file")
+        return str(f), f"the store {f} is not a directory", "set CLUSTERBOT_STORE to a directory"
+    url = "gs://clusterbot-state/prod"
+    return url, f"no Google Cloud credentials for the store {url}", "GOOGLE_APPLICATION_CREDENTIALS"
+
+
+def _remove(base: Path) -> None:
+    ro = base / "ro-store"
+    if ro.exists():
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(ro)], check=False, timeout=10)
+        ro.chmod(0o755)
+    shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("command", ["ops status", "bot"])
+@pytest.mark.parametrize("kind", ["read-only", "a-file", "gs-without-credentials"])
+def test_bad_store_is_one_line_and_exit_2(kind: str, command: str) -> None:
+    """As a user meets it: the CLI and the bot at start-up, a child process each, stdin closed."""
+    base = Path(tempfile.mkdtemp(prefix="cb-badstore-"))
+    try:
+        url, says, fix = _bad_store(kind, base)
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("CLUSTERBOT_", "RAY_AUTH", "GOOGLE_", "CLOUDSDK_"))
+               and k not in ("STORAGE_EMULATOR_HOST", "DISCORD_TOKEN")}  # fmt: skip
+        env.update(
+            CLUSTERBOT_STORE=url,
+            CLUSTERBOT_HOME=str(base / "home"),
+            CLUSTERBOT_REGISTRY=str(DEFAULT_REGISTRY),
+            HOME=str(base),  # no application default credentials of the person running the tests
+            CLOUDSDK_CONFIG=str(base / "gcloud"),
+            NO_GCE_CHECK="true",  # nor of a VM the tests may run on
+        )
+        argv = [sys.executable, "-m", *command.split()]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
+                              timeout=60, cwd=REPO_ROOT)  # fmt: skip
+    finally:
+        _remove(base)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc
+    assert len(lines) == 1 and says in lines[0] and fix in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
