@@ -121,10 +121,14 @@ async def test_all_ok_then_confirm_runs_once(fx: Fixture) -> None:
         op_id = next(iter(engine.ops))
         announcement = fx.chat.new_posts()[0]
         assert announcement.mentions == ["bob"]  # alice's own job needs no consent
-        assert "@bob: 2 (pending)" in announcement.text
+        assert "@bob: 2 jobs, not answered yet" in announcement.text  # a vote, not a job state
+        assert (
+            r.text == f"announced `{op_id}` in #infra (https://chat.test/infra/1): Confirm there to go ahead"
+        )
         assert current_lock(fx.store, "local").op_id == op_id
 
         assert (await engine.act(BOB, op_id, "ok")).text == "OK counted"
+        assert "@bob: 2 jobs, OK" in fx.chat.text(engine.ops[op_id].message_id)
         assert (await engine.act(BOB, op_id, "ok")).text == "already counted: OK"  # double click
         assert engine.ops[op_id].state == State.AWAITING  # the requester has not confirmed
         await engine.act(ALICE, op_id, "confirm")
@@ -160,6 +164,7 @@ async def test_an_objection_blocks_until_withdrawn(driven: Fixture) -> None:
         await later(engine, DRIVEN.consent_s + 3600)  # the window passes: an objection still blocks
         assert engine.ops[op_id].state == State.AWAITING
         assert "objection by bob" in driven.chat.text(engine.ops[op_id].message_id)
+        assert "@bob: 2 jobs, objects" in driven.chat.text(engine.ops[op_id].message_id)
         assert (await engine.act(BOB, op_id, "ok")).text == "objection withdrawn: OK counted"
         assert engine.ops[op_id].state == State.GRACE
         await later(engine, DRIVEN.grace_s)
@@ -175,6 +180,7 @@ async def test_a_delay_holds_the_restart_for_a_checkpoint(driven: Fixture) -> No
         await later(engine, 10 * 60 - 1)
         assert engine.ops[op_id].state == State.AWAITING
         assert "delayed until" in driven.chat.text(engine.ops[op_id].message_id)
+        assert "@bob: 2 jobs, delayed 10 min" in driven.chat.text(engine.ops[op_id].message_id)
         await later(engine, 1)
         assert engine.ops[op_id].state == State.GRACE
 
@@ -223,7 +229,8 @@ async def test_second_request_is_told_who_holds_the_cluster(fx: Fixture) -> None
                                              engine.request(BOB, "restart", "local"))  # fmt: skip
         assert sorted([first.ok, second.ok]) == [False, True]
         loser = second if first.ok else first
-        assert "busy" in loser.text or "locked" in loser.text
+        assert "local is busy: restart" in loser.text and " since " in loser.text  # as anyone later
+        assert "wait for it to finish" not in loser.text
         assert len(engine.ops) == 1
 
 
@@ -237,6 +244,8 @@ async def test_unconfirmed_requests_expire_and_free_the_cluster(tmp_path: Path) 
         await later(engine, 1)
         assert engine.ops[op_id].state == State.EXPIRED
         assert current_lock(fx.store, "local") is None and fx.runs == []
+        ping = fx.chat.new_posts()[-1]  # a new message: edits notify nobody
+        assert ping.mentions == ["alice"] and "expired" in ping.text and "nothing was done" in ping.text
 
 
 async def test_unconfirmed_requests_expire_on_the_real_clock(tmp_path: Path) -> None:
@@ -480,3 +489,21 @@ async def test_a_burst_of_progress_lands_at_most_once_a_second_and_all_of_it(tmp
     assert edits[-1] < len(fx.chat.log) - 1 and fx.chat.log[-1][0] == "post"  # the report comes last
     assert "resubmitted job 59" in fx.chat.text(op.message_id)
     assert str(tmp_path) not in "".join(m.text for _, _, m in fx.chat.log)
+
+
+async def test_the_requester_hears_when_someone_else_ends_their_request(driven: Fixture) -> None:
+    async with running(driven) as engine:
+        await engine.request(ALICE, "restart", "local")
+        await engine.cancel(ALICE)  # her own cancel: nobody to tell
+        assert len(driven.chat.new_posts()) == 1
+
+        await engine.request(ALICE, "restart", "local")
+        op_id = list(engine.ops)[-1]
+        await engine.act(ADMIN, op_id, "cancel")
+        ping = driven.chat.new_posts()[-1]
+        assert ping.mentions == ["alice"] and "was cancelled by root" in ping.text
+
+        await engine.request(ALICE, "restart", "local")
+        await engine.unlock(ADMIN, "local")
+        ping = driven.chat.new_posts()[-1]
+        assert ping.mentions == ["alice"] and "root force-unlocked local" in ping.text

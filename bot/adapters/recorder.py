@@ -33,6 +33,9 @@ class Recorder:
         self.posts[message_id] = message
         self.log.append(("edit", message_id, message))
 
+    def link(self, message_id: str) -> str | None:
+        return f"https://chat.test/infra/{message_id}"
+
     def text(self, message_id: str) -> str:
         return self.posts[message_id].text
 

@@ -58,6 +58,9 @@ class Chat(Protocol):
     def when(self, at: datetime | None) -> str: ...
     async def post(self, message: Message) -> str: ...
     async def edit(self, message_id: str, message: Message) -> None: ...
+    def link(self, message_id: str) -> str | None:
+        """Where a person can open the message (a jump URL), or None when the chat has no such thing."""
+        ...
 
 
 @dataclass
@@ -207,8 +210,11 @@ class Engine:
         except Exception:
             log.exception("could not edit the message of %s", op.op_id)
 
-    async def _end(self, op: Operation, state: State, event: str, **data: Any) -> None:
-        """Finish an operation that never executed: persist, release its lock, show it."""
+    async def _end(
+        self, op: Operation, state: State, event: str, ping: str | None = None, **data: Any
+    ) -> None:
+        """Finish an operation that never executed: persist, release its lock, show it. `ping` tells the
+        requester why, in a new message that mentions them (edits notify nobody)."""
         lease = self._leases.pop(op.op_id, None)
         if lease is not None:
             await asyncio.to_thread(lease.release)
@@ -216,6 +222,15 @@ class Engine:
         await self._save(op)
         await self._journal(op, event, **data)
         await self._show(op)
+        if ping is not None:
+            who = op.requester.id
+            text = (
+                f"{self.chat.mention(who)}: your {rules.describe(op)} (`{op.op_id}`) {ping}; nothing was done"
+            )
+            try:
+                await self.chat.post(Message(text, mentions=[who], op_id=op.op_id))
+            except Exception:  # the message shows it; only the ping is missed
+                log.exception("could not ping the requester of %s", op.op_id)
 
     # -- requests ---------------------------------------------------------------------------------
     async def request(
@@ -241,9 +256,9 @@ class Engine:
         refused = self._allowed(user, kind, cluster.name)
         if refused:
             return Reply(refused, ok=False)
-        held = await asyncio.to_thread(current_lock, self.store, cluster.name)
-        if held is not None:
-            return Reply(f"{cluster.name} is busy: {held.describe()}", ok=False)
+        busy = await self._busy(cluster.name)
+        if busy:
+            return busy
         try:
             look = await asyncio.to_thread(spec.look, self, cluster, user, params)
             from ops.restart import new_op_id
@@ -259,8 +274,8 @@ class Engine:
                 self.restart_settings.lease_s,
                 self.holder,
             )
-        except OpsError as e:
-            return Reply(str(e), ok=False)
+        except OpsError as e:  # taken meanwhile (two requests at once): the same answer as above
+            return await self._busy(cluster.name) or Reply(str(e), ok=False)
         self._leases[op_id] = lease
         lease.start_renewing()
         now = self.clock()
@@ -308,10 +323,24 @@ class Engine:
         # What the message shows now: the first tick must not edit it to the same content.
         self._shown[op.op_id] = announcement.text + "|" + ",".join(b.action for b in announcement.buttons)
         await self._save(op)
+        where = self._where(op.message_id)
         if spec.ceremony == "announce":
             self._spawn(self._execute(op))
-            return Reply(f"{rules.describe(op)} announced and started (`{op_id}`)")
-        return Reply(f"announced `{op_id}` in #infra: Confirm there to go ahead", ok=True)
+            return Reply(f"{rules.describe(op)} announced in #infra{where} and started (`{op_id}`)")
+        return Reply(f"announced `{op_id}` in #infra{where}: Confirm there to go ahead", ok=True)
+
+    def _where(self, message_id: str) -> str:
+        """` (link)` to the message, when the chat can link it."""
+        try:
+            url = self.chat.link(message_id)
+        except Exception:  # a chat that cannot link: the reply goes without
+            log.exception("could not link message %s", message_id)
+            url = None
+        return f" ({url})" if url else ""
+
+    async def _busy(self, cluster: str) -> Reply | None:
+        held = await asyncio.to_thread(current_lock, self.store, cluster)
+        return None if held is None else Reply(f"{cluster} is busy: {held.describe()}", ok=False)
 
     async def act(self, user: User, op_id: str, action: str, arg: str = "") -> Reply:
         """A button click (or its terminal word) on an operation."""
@@ -326,7 +355,8 @@ class Engine:
             if new == op:
                 return Reply(text)
             if new.state == State.CANCELLED:
-                await self._end(new, State.CANCELLED, "cancelled", by=user.name, during=op.state.value)
+                ping = None if user.id == op.requester.id else f"was cancelled by {user.name}"
+                await self._end(new, State.CANCELLED, "cancelled", ping, by=user.name, during=op.state.value)
                 return Reply(text)
             await self._save(new)
             await self._journal(new, action, by=user.name, arg=arg)
@@ -367,7 +397,8 @@ class Engine:
                     if lease is not None:
                         lease.stop_renewing()
                     op = op.model_copy(update={"cancelled_by": f"{user.name} (force-unlock)"})
-                    await self._end(op, State.CANCELLED, "force_unlocked", by=user.name)
+                    ping = f"was cancelled: {user.name} force-unlocked {cluster_name}"
+                    await self._end(op, State.CANCELLED, "force_unlocked", ping, by=user.name)
         if released is None:
             return Reply(f"{cluster_name} was not locked", ephemeral=False)
         return Reply(
@@ -442,7 +473,7 @@ class Engine:
             and op.confirm_deadline
             and now >= op.confirm_deadline
         ):
-            await self._end(op, State.EXPIRED, "expired")
+            await self._end(op, State.EXPIRED, "expired", "expired: it was not confirmed in time")
             return
         if rules.ready_for_grace(op, now):
             grace = now + timedelta(seconds=self.windows.grace_s)
@@ -569,7 +600,9 @@ class Engine:
                 op = op.model_copy(
                     update={"cancelled_by": f"nobody (the lock went while the bot was down: {e})"}
                 )
-                await self._end(op, State.CANCELLED, "lost_lock")
+                await self._end(
+                    op, State.CANCELLED, "lost_lock", "was cancelled: its lock went while the bot was down"
+                )
                 continue
             lease.start_renewing()
             self._leases[op.op_id] = lease

@@ -45,6 +45,7 @@ class Affected(BaseModel):
     owners: list[str]  # the Ray job owners that map to this chat user
     jobs: int
     vote: Vote = Vote.PENDING
+    delay_min: int = 0  # minutes of delay this owner asked for, in total
 
 
 class Operation(BaseModel):

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from bot.config import Windows
-from bot.protocol.model import Button, Operation, State, User, Vote
+from bot.protocol.model import Affected, Button, Operation, State, User, Vote
 
 ACTIONS = ("confirm", "ok", "delay", "object", "cancel", "override")
 
@@ -106,6 +106,7 @@ def apply(
     start = max(op.not_before or now, now)
     op.not_before = start + timedelta(minutes=minutes)
     affected.vote = Vote.DELAY
+    affected.delay_min += minutes
     return op, f"delayed by {minutes} min for your checkpoint"
 
 
@@ -143,7 +144,7 @@ def render(
     lines = [f"**{op.requester.name}** asks to **{what}** (`{op.op_id}`)"]
     jobs = f"{op.jobs_total} running or pending job(s) on {op.cluster}"
     if op.jobs_total:
-        owners = [f"{mention(a.chat_id)}: {a.jobs} ({a.vote.value})" for a in op.affected.values()]
+        owners = [f"{mention(a.chat_id)}: {_jobs(a.jobs)}, {answer(a)}" for a in op.affected.values()]
         if op.unreachable_jobs:
             who = ", ".join(op.unreachable_owners)
             owners.append(f"{op.unreachable_jobs} of owners nobody can ask ({who})")
@@ -193,6 +194,17 @@ def render(
     if op.error:
         lines.append(f"**failed**: {op.error}")
     return "\n".join(lines)
+
+
+def _jobs(n: int) -> str:
+    return f"{n} job" + ("" if n == 1 else "s")
+
+
+def answer(a: Affected) -> str:
+    """What an affected owner answered, as a vote (not to be read as a job's state)."""
+    if a.vote == Vote.DELAY:
+        return f"delayed {a.delay_min} min"
+    return {Vote.PENDING: "not answered yet", Vote.OK: "OK", Vote.OBJECT: "objects"}[a.vote]
 
 
 def describe(op: Operation) -> str:
