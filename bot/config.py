@@ -36,8 +36,11 @@ class Windows(BaseModel):
 class Rights(BaseModel):
     """Who may request an operation: chat roles per command, optionally narrowed per cluster.
 
-    A user whose id or name is in `admins`, or who has an `admin_roles` role, may do everything.
-    `"*"` in a role list means everyone.
+    People and roles are named by id, never by name: on Discord anyone can take a free name or create
+    a role called `infra-admin`; ids cannot be chosen (`check_ids`). The terminal's users are names
+    that are also their ids, so a config for the terminal names them. A user whose id is in `admins`,
+    or who has an `admin_roles` role, may do everything. `"*"` in a command's or a cluster's role list
+    means everyone.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -45,6 +48,23 @@ class Rights(BaseModel):
     admin_roles: list[str] = Field(default_factory=list)
     commands: dict[str, list[str]] = Field(default_factory=dict)  # command -> roles
     clusters: dict[str, list[str]] = Field(default_factory=dict)  # cluster -> roles (all commands)
+
+    def check_ids(self, where: str) -> None:
+        """On Discord every person and role must be an id (a number): a name is one ConfigError line
+        naming the field, saying why and how to find the id."""
+        lists = [("admins", self.admins, "user"), ("admin_roles", self.admin_roles, "role")]
+        lists += [(f"commands.{k}", v, "role") for k, v in self.commands.items()]
+        lists += [(f"clusters.{k}", v, "role") for k, v in self.clusters.items()]
+        for field, values, kind in lists:
+            open_to_all = field.startswith(("commands.", "clusters."))
+            for value in values:
+                if not (value.isdigit() or (open_to_all and value == "*")):
+                    raise ConfigError(
+                        f"{where}: rights.{field}: {value!r} is not a Discord {kind} id: rights take ids "
+                        f"(numbers), since names can be changed or taken by anyone. To find one: Discord "
+                        f"settings > Advanced > Developer Mode on, then right-click the {kind} > Copy "
+                        f"{'User' if kind == 'user' else 'Role'} ID"
+                    )
 
 
 class BotConfig(BaseModel):
@@ -60,6 +80,14 @@ class Settings(BaseModel):
     infra_channel_id: int | None
     config: BotConfig
     config_path: Path | None
+
+    def check_discord(self) -> None:
+        """What the Discord bot needs beyond a token: its guild and channel, and rights by id."""
+        for name, value in (("CLUSTERBOT_GUILD_ID", self.guild_id),
+                            ("CLUSTERBOT_INFRA_CHANNEL_ID", self.infra_channel_id)):  # fmt: skip
+            if value is None:
+                raise ConfigError(f"{name} is not set: the Discord bot needs it (see README)")
+        self.config.rights.check_ids(str(self.config_path or "the bot config"))
 
 
 DEFAULT_CONFIG = REPO_ROOT / "infra" / "bot.yaml"
@@ -104,8 +132,5 @@ def load_settings() -> Settings:
         config_path=path,
     )
     if token:
-        for name, value in (("CLUSTERBOT_GUILD_ID", settings.guild_id),
-                            ("CLUSTERBOT_INFRA_CHANNEL_ID", settings.infra_channel_id)):  # fmt: skip
-            if value is None:
-                raise ConfigError(f"{name} is not set: the Discord bot needs it (see README)")
+        settings.check_discord()
     return settings
