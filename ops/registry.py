@@ -6,6 +6,7 @@ import os
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -60,6 +61,20 @@ class TokenSource(BaseModel):
         return path.read_text().strip() or None if path.is_file() else None
 
 
+class SshKeySource(BaseModel):
+    """Where this machine reads the private SSH key that `ray` uses for a GCP cluster's head (the
+    dashboard tunnel, `ray up`, `ray down`): a file for now, Secret Manager in a later issue. Its public
+    half must already be in the project's `ssh-keys` metadata for the config's ssh_user (`ray`): with a
+    key given, Ray registers none of its own."""
+
+    model_config = ConfigDict(extra="forbid")
+    file: str
+
+    def path(self) -> Path:
+        """The key file with `~` and `$VARS` expanded."""
+        return Path(_expand(self.file))
+
+
 class LocalPorts(BaseModel):
     """Ports of the local cluster's head; every head on one machine needs its own (FINDINGS)."""
 
@@ -99,6 +114,11 @@ class Cluster(BaseModel):
     protected: bool = False
     image_tag: str = "latest"
     local_ports: LocalPorts | None = None
+    # How this machine reaches a GCP cluster's head (ops/drivers/gcp.py): through a `ray dashboard` SSH
+    # tunnel on `dashboard_url`'s local port, or at the head's internal address (from a VM in the
+    # project's network). GCP clusters only; "tunnel" when not given.
+    reach: Literal["tunnel", "internal"] | None = None
+    ssh_key: SshKeySource | None = None
 
     # Cross-field checks are field validators (fields validate in declaration order, and `info.data`
     # holds the earlier ones that passed), so an error's location names the offending field.
@@ -133,7 +153,25 @@ class Cluster(BaseModel):
     def _defaults(self) -> Cluster:
         if self.driver == "local" and self.local_ports is None:
             self.local_ports = LocalPorts()
+        if self.driver != "gcp":
+            if self.reach is not None or self.ssh_key is not None:
+                raise ValueError("fields 'reach' and 'ssh_key' are for GCP clusters: set them to null")
+            return self
+        if self.reach is None:
+            self.reach = "tunnel"
+        if self.reach == "tunnel":
+            url = urlsplit(self.dashboard_url)
+            if url.scheme != "http" or url.hostname not in ("127.0.0.1", "localhost") or url.port is None:
+                raise ValueError(
+                    f"field 'dashboard_url': {self.dashboard_url} is not a local port "
+                    "(http://127.0.0.1:PORT), which a tunnel needs"
+                )
         return self
+
+    @property
+    def tunnel_port(self) -> int | None:
+        """The local port the dashboard tunnel listens on (reach "tunnel"), else None."""
+        return urlsplit(self.dashboard_url).port if self.reach == "tunnel" else None
 
     @cached_property
     def worker_tpu(self) -> TpuType:

@@ -39,12 +39,16 @@ which `ray[default]` does not pull in; a failure for that reason gets a hint say
 
 from __future__ import annotations
 
+import atexit
+import ipaddress
 import logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -52,8 +56,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import yaml
+
 from ops.errors import OpsError
-from ops.registry import REPO_ROOT, Cluster
+from ops.registry import REPO_ROOT, Cluster, clusterbot_home
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,20 @@ DEFAULT_CONFIG_DIR = REPO_ROOT / "infra"
 DEFAULT_UP_TIMEOUT_S = 60 * 60.0
 DEFAULT_DOWN_TIMEOUT_S = 60 * 60.0
 DEFAULT_PROBE_TIMEOUT_S = 3.0
+# The head's dashboard port: the template's `ray start --head --dashboard-host=0.0.0.0` keeps Ray's default.
+HEAD_DASHBOARD_PORT = 8265
+# `ray dashboard` imports Ray, bootstraps the config (GCP API calls unless cached) and opens SSH.
+DEFAULT_TUNNEL_OPEN_TIMEOUT_S = 60.0
+TUNNEL_STOP_GRACE_S = 5.0
+# What `ray dashboard`, its GCP provider and its ssh need from our environment; nothing else reaches it
+# (never a token of ours). SSH_AUTH_SOCK for a key held by an agent; Google credentials for the provider.
+TUNNEL_ENV = (
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "SSH_AUTH_SOCK",
+    "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "CLOUDSDK_CORE_PROJECT",
+    "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy",
+)  # fmt: skip
+# Ray 2.60 (`_get_running_head_node`) warns so before it says "not found" about a head that exists.
+_NOT_UP_TO_DATE = re.compile(r"Head node \(.*\) is in state ")
 TAIL_LINES = 12
 _MAX_LINE = 240
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE", re.IGNORECASE)
@@ -134,8 +154,128 @@ def default_ray_bin() -> str:
     return str(here) if here.is_file() else "ray"
 
 
+class Tunnel:
+    """One `ray dashboard` process forwarding a local port to a head's dashboard over SSH.
+
+    It runs in its own process group: the port is held by its `ssh -L` child, so ending the tunnel
+    means ending the group. Ray's ssh options include `ExitOnForwardFailure=yes` and keep-alives, so
+    the process exits when the port is taken or the head VM is gone; `dashboard_url` then opens a new one.
+    """
+
+    def __init__(self, argv: list[str], url: str, log_path: Path) -> None:
+        self.argv = argv
+        self.url = url
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def open(self, timeout: float, probe_timeout: float) -> bool:
+        """Start the process; True once the port answers, False when it exits first or `timeout` passed.
+
+        Raises OSError when the program cannot be started."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log_file:
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=REPO_ROOT,
+                env=tunnel_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        end = time.monotonic() + timeout
+        while not answers(self.url, probe_timeout):
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                self.proc.wait(timeout=min(0.1, left))  # returns at once when the tunnel gives up
+                return False
+            except subprocess.TimeoutExpired:
+                pass
+        return True
+
+    def close(self, grace: float = TUNNEL_STOP_GRACE_S) -> None:
+        """SIGTERM the tunnel's process group, SIGKILL it after `grace`; wait for the process."""
+        if self.proc is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)  # also after the leader exited: its ssh child may live on
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                continue
+            if sig == signal.SIGTERM:
+                try:  # the leader is gone; a child that ignored SIGTERM still holds the group
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return
+
+    def output_tail(self) -> str:
+        try:
+            lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return ""
+        return "\n".join(_clip(line) for line in lines[-TAIL_LINES:])
+
+
+# One tunnel per local port in this process, whichever driver object opened it: a port can hold one.
+_tunnels: dict[int, Tunnel] = {}
+_port_locks: dict[int, threading.Lock] = {}
+_registry_lock = threading.Lock()
+
+
+def _port_lock(port: int) -> threading.Lock:
+    with _registry_lock:
+        return _port_locks.setdefault(port, threading.Lock())
+
+
+def close_tunnel(port: int) -> None:
+    """End the tunnel this process keeps on `port`, if any."""
+    with _port_lock(port):
+        tunnel = _tunnels.pop(port, None)
+        if tunnel is not None:
+            tunnel.close()
+
+
+@atexit.register
+def close_all_tunnels() -> None:
+    """Every tunnel this process opened ends with it (a CLI run, the bot's exit)."""
+    for port in list(_tunnels):
+        close_tunnel(port)
+
+
+def tunnel_env() -> dict[str, str]:
+    """The tunnel's environment: the variables of TUNNEL_ENV that are set here, never ours wholesale."""
+    return {k: os.environ[k] for k in TUNNEL_ENV if k in os.environ}
+
+
+def answers(url: str, timeout: float) -> bool:
+    """Whether an HTTP server answers `GET <url>/api/version` at all (any status: a refused token is
+    still a dashboard at the end of the tunnel). Never through an environment proxy."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url.rstrip("/") + "/api/version", timeout=timeout):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 class GcpDriver:
-    """Start, stop and probe one GCP cluster with Ray's cluster launcher and its generated config."""
+    """Start, stop, find and reach one GCP cluster's head with Ray's cluster launcher and its config."""
 
     def __init__(
         self,
@@ -144,59 +284,185 @@ class GcpDriver:
         runner: Runner = run_command,
         ray_bin: str | None = None,
         config_dir: Path = DEFAULT_CONFIG_DIR,
+        state_dir: Path | None = None,
         up_timeout_s: float = DEFAULT_UP_TIMEOUT_S,
         down_timeout_s: float = DEFAULT_DOWN_TIMEOUT_S,
         probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
+        tunnel_open_timeout_s: float = DEFAULT_TUNNEL_OPEN_TIMEOUT_S,
+        head_dashboard_port: int = HEAD_DASHBOARD_PORT,
     ) -> None:
+        """`state_dir`: where this machine keeps the tunnel's log and the config `ray` gets with the
+        registry's SSH key (default `$CLUSTERBOT_HOME/gcp`)."""
         self.cluster = cluster
         self.runner = runner
         self.ray_bin = ray_bin or default_ray_bin()
         self.config_dir = config_dir
+        self.state_dir = state_dir or clusterbot_home() / "gcp"
         self.up_timeout_s = up_timeout_s
         self.down_timeout_s = down_timeout_s
         self.probe_timeout_s = probe_timeout_s
+        self.tunnel_open_timeout_s = tunnel_open_timeout_s
+        self.head_dashboard_port = head_dashboard_port
+        self._head_ip: str | None = None  # reach "internal": the head's address last seen
 
     @property
     def config_path(self) -> Path:
         return self.config_dir / f"{self.cluster.name}.yaml"
 
+    # -- the cluster's life ------------------------------------------------------------------------
     def start(self) -> str:
-        """`ray up -y --no-config-cache <config>`: create or update the head; the autoscaler adds workers."""
-        self._ray(["up", "-y", "--no-config-cache"], self.up_timeout_s)
+        """`ray up -y --no-config-cache <config>`: create or update the head; the autoscaler adds workers.
+
+        The head may be a new VM: the old tunnel and address are dropped, the next `dashboard_url`
+        reaches the new head."""
+        self._forget_head()
+        self._ray(["up", "-y", "--no-config-cache"], self.up_timeout_s, ssh=True)
         c = self.cluster
-        return f"{c.name}: ray up done for {c.ray_cluster_name} in {c.zone}; dashboard at {c.dashboard_url}"
+        where = c.dashboard_url + " (tunnel)" if c.reach == "tunnel" else "the head's internal address"
+        return f"{c.name}: ray up done for {c.ray_cluster_name} in {c.zone}; dashboard at {where}"
 
     def stop(self) -> str:
         """`ray down -y <config>`: stop Ray on the head, then delete the head and every worker VM."""
-        self._ray(["down", "-y"], self.down_timeout_s)
+        self._forget_head()
+        self._ray(["down", "-y"], self.down_timeout_s, ssh=True)
         c = self.cluster
         return f"{c.name}: ray down deleted the head and workers of {c.ray_cluster_name} in {c.zone}"
 
+    def close(self) -> None:
+        """End the tunnel this process keeps to the cluster's head, if any."""
+        if self.cluster.tunnel_port is not None:
+            close_tunnel(self.cluster.tunnel_port)
+
+    def _forget_head(self) -> None:
+        self._head_ip = None
+        self.close()
+
+    # -- the head --------------------------------------------------------------------------------------
     def head_exists(self) -> bool | None:
-        """`ray get-head-ip <config>`: an address means a head VM exists (True); Ray's "not found"
-        means there is none (False); anything else (no credentials, a timeout) is None: unknown."""
+        """`ray get-head-ip <config>`: an address means a head VM exists (True). False only on Ray's own
+        "Head node of cluster (<name>) not found!" for this cluster, without the warning Ray prints first
+        when a head exists but is not up to date (that head may still run jobs: True). Anything else
+        (no credentials, no config, a timeout) is None: unknown."""
+        return self._find_head()[0]
+
+    def _find_head(self) -> tuple[bool | None, str | None]:
+        """(whether a head exists, its address when `ray get-head-ip` printed one)."""
         try:
-            result = self._ray(["get-head-ip"], self.probe_timeout_s * 20)
+            result = self._run(["get-head-ip"], self.probe_timeout_s * 20, ssh=False)
         except OpsError as e:
-            return False if "not found" in (e.hint or "").lower() else None
+            log.warning("%s: cannot tell whether a head exists: %s", self.cluster.name, e)
+            return None, None
         lines = [line.strip() for line in result.output.splitlines() if line.strip()]
-        return True if lines else None
+        if result.returncode == 0:
+            return (True, _address(lines[-1])) if lines else (None, None)
+        if any(_NOT_UP_TO_DATE.search(line) for line in lines):
+            return True, None
+        missing = f"Head node of cluster ({self.cluster.ray_cluster_name}) not found!"
+        if not result.timed_out and any(line.endswith(missing) for line in lines):
+            return False, None
+        log.warning(
+            "%s: `ray get-head-ip` %s; whether a head exists is unknown. %s",
+            self.cluster.name,
+            "timed out" if result.timed_out else f"failed with exit code {result.returncode}",
+            self._hint(result.output),
+        )
+        return None, None
 
     def dashboard_url(self) -> str:
-        return self.cluster.dashboard_url
+        """Where this machine reaches the head's dashboard now, by the registry's `reach`.
+
+        tunnel: the registry's local URL, after making sure a tunnel serves it: ours, alive and
+        answering, or a new `ray dashboard` (waited for up to `tunnel_open_timeout_s`), or someone
+        else's that answers there. internal: `http://<head address>:8265`, the address asked again when
+        the last one stops answering (the registry's URL when no head was ever found). Nothing answering
+        is not an error here (the caller's probe finds it, and asks `head_exists`); a missing config or
+        SSH key is an OpsError."""
+        if self.cluster.reach == "internal":
+            return self._internal_url()
+        return self._tunnel_url()
+
+    def _internal_url(self) -> str:
+        if self._head_ip and answers(self._url_at(self._head_ip), self.probe_timeout_s):
+            return self._url_at(self._head_ip)
+        exists, ip = self._find_head()
+        if ip:
+            self._head_ip = ip
+        elif exists is False:
+            self._head_ip = None
+        return self._url_at(self._head_ip) if self._head_ip else self.cluster.dashboard_url
+
+    def _url_at(self, ip: str) -> str:
+        host = f"[{ip}]" if ":" in ip else ip
+        return f"http://{host}:{self.head_dashboard_port}"
+
+    def _tunnel_url(self) -> str:
+        url = self.cluster.dashboard_url.rstrip("/")
+        port = self.cluster.tunnel_port
+        assert port is not None  # the registry checks that a tunnel's URL has a local port
+        with _port_lock(port):
+            tunnel = _tunnels.get(port)
+            if tunnel is not None:
+                if tunnel.alive() and answers(url, self.probe_timeout_s):
+                    return url
+                # It died (its head went away, its SSH connection dropped) or hangs: open a new one.
+                log.info("%s: the dashboard tunnel on port %d is down; reopening it", self.cluster.name, port)
+                tunnel.close()
+                del _tunnels[port]
+            elif answers(url, self.probe_timeout_s):
+                log.info("%s: port %d answers (a tunnel this process did not open)", self.cluster.name, port)
+                return url
+            tunnel = self._open_tunnel(url, port)
+            if tunnel.alive():
+                _tunnels[port] = tunnel
+            else:
+                tunnel.close()  # its ssh child may have outlived it
+        return url
+
+    def _open_tunnel(self, url: str, port: int) -> Tunnel:
+        config = self._config(ssh=True)
+        args = ["dashboard", "--port", str(port), "--remote-port", str(self.head_dashboard_port)]
+        log_path = self.state_dir / "tunnels" / f"{self.cluster.name}.log"
+        tunnel = Tunnel([self.ray_bin, *args, str(config)], url, log_path)
+        shown = " ".join(["ray", *args, _relative(config)])
+        log.info("%s: opening the dashboard tunnel: %s", self.cluster.name, shown)
+        try:
+            opened = tunnel.open(self.tunnel_open_timeout_s, self.probe_timeout_s)
+        except OSError as e:
+            raise OpsError(
+                f"`{shown}` for cluster {self.cluster.name} could not start: {e.strerror or e}",
+                f"is the Ray CLI installed? (looked for {self.ray_bin})",
+            ) from None
+        if not opened:
+            state = "is still waiting" if tunnel.alive() else f"exited with code {tunnel.proc.returncode}"
+            tail = _redact(tunnel.output_tail(), self._secrets())
+            log.warning(
+                "%s: the dashboard tunnel on port %d does not answer yet (`%s` %s); its output:\n%s",
+                self.cluster.name,
+                port,
+                shown,
+                state,
+                tail,
+            )
+        return tunnel
 
     def is_up(self) -> bool:
-        """Whether the dashboard answers `GET /api/version` with 200 within the probe timeout.
+        """Whether the dashboard, where `dashboard_url` reaches it, answers `GET /api/version` with 200
+        within the probe timeout.
 
         A 401/403 means a head is running but this machine's token is missing or wrong; that counts as
         not up (nothing else would work either) and is logged so the cause is visible.
         """
-        url = self.cluster.dashboard_url.rstrip("/") + "/api/version"
+        try:
+            base = self.dashboard_url()
+        except OpsError as e:
+            log.warning("%s: cannot reach the dashboard: %s", self.cluster.name, e)
+            return False
+        url = base.rstrip("/") + "/api/version"
         request = urllib.request.Request(url, headers={"Accept": "application/json"})
         token = self.cluster.read_token()
         if token:
             request.add_header("Authorization", f"Bearer {token}")
-        # The dashboard is reached through a local tunnel: never through an environment proxy.
+        # The dashboard is reached through a local tunnel or the project's network: never a proxy.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
             with opener.open(request, timeout=self.probe_timeout_s) as response:
@@ -214,23 +480,58 @@ class GcpDriver:
         except (urllib.error.URLError, OSError, ValueError):
             return False
 
-    def _ray(self, args: list[str], timeout: float) -> RunResult:
+    # -- running `ray` ---------------------------------------------------------------------------------
+    def _config(self, ssh: bool) -> Path:
+        """The config `ray` gets: the generated one, or for commands that use SSH when the registry
+        names a key, a private copy whose `auth.ssh_private_key` points at that key."""
         config = self.config_path
         if not config.is_file():
             raise OpsError(
                 f"no cluster config for {self.cluster.name}: {config} does not exist",
                 "generate it with `python -m ops update-configs`",
             )
+        key = self.cluster.ssh_key
+        if not ssh or key is None:
+            return config
+        key_path = key.path()
+        if not key_path.is_file():
+            raise OpsError(
+                f"no SSH key for cluster {self.cluster.name}: {key_path} does not exist",
+                "put there the private key whose public half is in the project's ssh-keys metadata for "
+                "user `ray` (infra/clusters.yaml, field ssh_key)",
+            )
+        data = yaml.safe_load(config.read_text())
+        data.setdefault("auth", {})["ssh_private_key"] = str(key_path)
+        out = self.state_dir / "configs" / config.name
+        out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        text = f"# {_relative(config)} with this machine's SSH key (ops/drivers/gcp.py)\n" + yaml.safe_dump(
+            data, sort_keys=False
+        )
+        if not out.is_file() or out.read_text() != text:
+            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o600)
+            os.replace(tmp, out)
+        return out
+
+    def _run(self, args: list[str], timeout: float, *, ssh: bool) -> RunResult:
+        """Run `ray <args> <config>` through the runner; OpsError only when it cannot run at all."""
+        config = self._config(ssh)
         argv = [self.ray_bin, *args, str(config)]
         shown = " ".join(["ray", *args, _relative(config)])
         log.info("%s: running %s", self.cluster.name, shown)
         try:
-            result = self.runner(argv, timeout=timeout, cwd=REPO_ROOT)
+            return self.runner(argv, timeout=timeout, cwd=REPO_ROOT)
         except OSError as e:
             raise OpsError(
                 f"`{shown}` for cluster {self.cluster.name} could not start: {e.strerror or e}",
                 f"is the Ray CLI installed? (looked for {self.ray_bin})",
             ) from None
+
+    def _ray(self, args: list[str], timeout: float, *, ssh: bool) -> RunResult:
+        """`_run`, with a timeout or a non-zero exit as an OpsError naming the command and the cluster."""
+        result = self._run(args, timeout, ssh=ssh)
+        shown = " ".join(["ray", *args, _relative(self._config(ssh))])
         if result.timed_out:
             raise OpsError(
                 f"`{shown}` for cluster {self.cluster.name} timed out after {timeout:g} s and was "
@@ -260,6 +561,14 @@ class GcpDriver:
         if token:
             values.append(token)
         return sorted(set(values), key=len, reverse=True)
+
+
+def _address(text: str) -> str | None:
+    """The IP address `ray get-head-ip` printed, or None (Ray prints "None" for a head without one)."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
 
 
 def _redact(text: str, secrets: list[str]) -> str:
