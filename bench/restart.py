@@ -1,21 +1,27 @@
 """Restart benchmark: clusterbot's restart against the bare script an operator would run by hand.
 
-On the local cluster with N running jobs (default 20, `sleep 3600`, several owners) it times, per run:
+On the local cluster with N running jobs (default 20, several owners; every one with entrypoint
+resources, every other one from a `working_dir` package: bench/restart_jobs.py) it times, per run:
 
 - clusterbot: the library's `start_restart(...).run()` in this process, default `Settings()` (what
   `python -m ops restart --yes` runs after its plan); its phases are the record's `durations` per step.
+  The backup reads the GCS port in-process (the local cluster).
+- via-job: the same, on a view of the cluster whose GCS port is out of reach (a GCP cluster): the
+  backup's snapshot runs as a job on the cluster and comes back through the dashboard.
 - bare: list the active jobs through RayApi (JobSubmissionClient), `LocalDriver.stop()`,
   `LocalDriver.start()` + wait until a submission is accepted, resubmit each job with the same
   submission id, entrypoint, metadata and runtime_env. No backup, no stopping jobs first, no record.
 
-Before each restart the N jobs are made RUNNING again (bounded wait); the two variants alternate
-which goes first. "Preserved" counts the jobs active right after a restart that descend from one of
-the N: for clusterbot by metadata `clusterbot_resubmitted_from`, for bare by the benchmark's own
-metadata tag (`bench_job`), which the bare script copies along with the rest of the metadata.
+Before each restart the N jobs are made RUNNING again (bounded wait); the variants rotate which goes
+first. After each restart (outside the timing) the descendants of the N (clusterbot's link
+`clusterbot_resubmitted_from`, or the benchmark's metadata tag `bench_job`, which the bare script
+copies) may leave PENDING; then "running" counts them RUNNING and "faithful" those also with their
+original's entrypoint resources (JobInfo, read from the GCS port).
 
 Isolated like tests/localray.py: a temp CLUSTERBOT_HOME with its own store and a registry copy whose
-`local` cluster uses ports of its own (PORTS). The cluster started here is stopped with
-`LocalDriver.stop()` on the way out, on failure and on Ctrl-C / SIGTERM too.
+`local` cluster uses ports of its own (PORTS), which `LocalDriver.start()` checks free. The cluster
+started here is stopped with `LocalDriver.stop()` on the way out, on failure and on Ctrl-C / SIGTERM
+too.
 """
 
 from __future__ import annotations
@@ -25,34 +31,36 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from bench.restart_jobs import OWNERS, PACKAGE_KIB, dashboard_only, job_spec, make_workdirs, outcome, tag_of
+
+# Below Linux's ephemeral range (32768-60999), clear of the local default (6379, 8265, 10001,
+# 11365-11368, workers 20000-20999), the GCP tunnels (8266-8272) and the test fixture's blocks
+# (tests/localray.py: 12000-19999, workers 21000-32499).
 PORTS = {
-    "gcs": 36379,
-    "dashboard": 38265,
-    "dashboard_agent_listen": 38266,
-    "dashboard_agent_grpc": 38267,
-    "metrics_export": 38268,
-    "runtime_env_agent": 38269,
-    "ray_client_server": 38270,
-    "min_worker": 31000,
-    "max_worker": 31999,
+    "gcs": 11100,
+    "dashboard": 11101,
+    "dashboard_agent_listen": 11102,
+    "dashboard_agent_grpc": 11103,
+    "metrics_export": 11104,
+    "runtime_env_agent": 11105,
+    "ray_client_server": 11106,
+    "min_worker": 11400,
+    "max_worker": 11999,
 }
-OWNERS = ("alice", "bob", "carol", "dave")
-TAG = "bench_job"  # metadata key naming each benchmark job (j00, j01, ...)
-ENTRYPOINT = "sleep 3600"
 READY_TIMEOUT_S = 240.0  # for the N jobs to be RUNNING before a restart
 ACCEPT_TIMEOUT_S = 120.0  # for a fresh head to accept a submission (clusterbot's own local bound)
+OUTCOME_TIMEOUT_S = 60.0  # after a restart, for resubmitted jobs to leave PENDING
+VARIANTS = ("clusterbot", "via-job", "bare")
 
 # Table rows: (key, label). clusterbot's record step for each phase is in CB_STEPS.
 PHASES = [
@@ -61,6 +69,7 @@ PHASES = [
     ("stop", "stop cluster"),
     ("start", "start + accepting jobs"),
     ("resubmit", "resubmit jobs"),
+    ("settle", "settle (jobs running)"),
     ("other", "other (lock, record, done)"),
 ]
 CB_STEPS = {
@@ -69,7 +78,9 @@ CB_STEPS = {
     "stop": "cluster_stopped",
     "start": "cluster_started",
     "resubmit": "resubmitted",
+    "settle": "done",
 }
+CB_ONLY = ("stop_jobs", "settle", "other")  # phases the bare script has not
 
 
 class BenchError(Exception):
@@ -99,28 +110,7 @@ def isolate(home: Path) -> Path:
     return registry
 
 
-def check_ports_free() -> None:
-    """Refuse to run next to anything already listening on the benchmark's head ports."""
-    for name in ("gcs", "dashboard", "dashboard_agent_listen", "ray_client_server"):
-        with socket.socket() as s:
-            s.settimeout(0.5)
-            if s.connect_ex(("127.0.0.1", PORTS[name])) == 0:
-                raise BenchError(
-                    f"something already listens on 127.0.0.1:{PORTS[name]} ({name}); "
-                    "is another benchmark running?"
-                )
-
-
 # -- jobs ------------------------------------------------------------------------------------------
-def job_spec(i: int) -> dict[str, Any]:
-    """Job i: owner in metadata, or (every fifth) only in a `ray-run-<owner>-...` submission id."""
-    owner, tag = OWNERS[i % len(OWNERS)], f"j{i:02d}"
-    if i % 5 == 4:
-        sid = f"ray-run-{owner}-bench-{tag}-{uuid.uuid4().hex[:6]}"
-        return {"entrypoint": ENTRYPOINT, "submission_id": sid, "metadata": {TAG: tag}}
-    return {"entrypoint": ENTRYPOINT, "metadata": {"user": owner, TAG: tag}}
-
-
 def _status(d: Any) -> str:
     return str(getattr(d.status, "value", d.status))
 
@@ -133,24 +123,20 @@ def active_details(api: Any) -> list[Any]:
     return [d for d in api.list_jobs() if d.submission_id in keep]
 
 
-def _tag(d: Any) -> str | None:
-    return (d.metadata or {}).get(TAG)
-
-
-def ensure_jobs(cluster: Any, n: int, timeout: float) -> list[Any]:
+def ensure_jobs(cluster: Any, n: int, timeout: float, workdirs: dict[str, Path]) -> list[Any]:
     """Submit whichever of the n benchmark jobs is not active, then wait until all n are RUNNING."""
     from ops.ray_api import RayApi
 
     api = RayApi(cluster)
-    present = {_tag(d) for d in active_details(api)}
+    present = {tag_of(d) for d in active_details(api)}
     for i in range(n):
         if f"j{i:02d}" not in present:
-            api.submit(**job_spec(i))
+            api.submit(**job_spec(i, workdirs))
     wanted = {f"j{i:02d}" for i in range(n)}
     deadline = time.monotonic() + timeout
     while True:
-        details = [d for d in active_details(api) if _tag(d) in wanted]
-        running = {_tag(d) for d in details if _status(d) == "RUNNING"}
+        details = [d for d in active_details(api) if tag_of(d) in wanted]
+        running = {tag_of(d) for d in details if _status(d) == "RUNNING"}
         if running == wanted:
             return details
         if time.monotonic() > deadline:
@@ -158,30 +144,7 @@ def ensure_jobs(cluster: Any, n: int, timeout: float) -> list[Any]:
         time.sleep(1.0)
 
 
-def count_preserved(cluster: Any, before: list[Any]) -> dict[str, int]:
-    """Jobs active after a restart that descend from one of `before`, by link and by tag; owners kept."""
-    from ops.jobs import owner_of
-    from ops.ray_api import RayApi
-
-    old_by_id = {d.submission_id: d for d in before}
-    old_by_tag = {_tag(d): d for d in before}
-    linked, tagged, owner_kept = set(), set(), 0
-    for d in active_details(RayApi(cluster)):
-        meta = d.metadata or {}
-        old = old_by_id.get(meta.get("clusterbot_resubmitted_from")) or old_by_tag.get(meta.get(TAG))
-        if meta.get("clusterbot_resubmitted_from") in old_by_id:
-            linked.add(meta["clusterbot_resubmitted_from"])
-        if meta.get(TAG) in old_by_tag:
-            tagged.add(meta[TAG])
-        same_owner = (
-            old is not None
-            and owner_of(old.submission_id, old.metadata)[0] == owner_of(d.submission_id, meta)[0]
-        )
-        owner_kept += same_owner
-    return {"linked": len(linked), "tagged": len(tagged), "owner_kept": owner_kept}
-
-
-# -- the two restarts --------------------------------------------------------------------------------
+# -- the restarts ------------------------------------------------------------------------------------
 def clusterbot_restart(cluster: Any, store: Any) -> dict[str, Any]:
     """The library's restart, timed as a whole; phases from the operation record's `durations`.
     The process has adopted the cluster's auth, as `python -m ops restart` does, so the GCS is read
@@ -234,14 +197,14 @@ def bare_restart(cluster: Any) -> dict[str, Any]:
     marks.append(time.monotonic())
     backup, stop, start, resubmit = (b - a for a, b in zip(marks, marks[1:], strict=False))
     phases = {"backup": backup, "stop_jobs": 0.0, "stop": stop, "start": start, "resubmit": resubmit,
-              "other": 0.0}  # fmt: skip
+              "settle": 0.0, "other": 0.0}  # fmt: skip
     return {"total_s": marks[-1] - marks[0], "phases": phases, "resubmit_failed": failed}
 
 
 # -- figures ------------------------------------------------------------------------------------------
 def summarize(runs: list[dict[str, Any]], n_jobs: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"median": {}, "preserved_worst": {}, "totals": {}}
-    for variant in ("clusterbot", "bare"):
+    out: dict[str, Any] = {"median": {}, "worst": {}, "totals": {}, "ratio": {}}
+    for variant in VARIANTS:
         mine = [r for r in runs if r["variant"] == variant]
         if not mine:
             continue
@@ -250,39 +213,49 @@ def summarize(runs: list[dict[str, Any]], n_jobs: int) -> dict[str, Any]:
             "total_s": statistics.median(r["total_s"] for r in mine),
             "phases": {k: statistics.median(r["phases"][k] for r in mine) for k, _ in PHASES},
         }
-        out["preserved_worst"][variant] = min(r["preserved"] for r in mine)
+        out["worst"][variant] = {k: min(r["outcome"][k] for r in mine) for k in ("running", "faithful")}
     med = out["median"]
-    if "clusterbot" in med and "bare" in med:
-        out["ratio"] = med["clusterbot"]["total_s"] / med["bare"]["total_s"]
+    for variant in ("clusterbot", "via-job"):
+        if variant in med and "bare" in med:
+            out["ratio"][variant] = med[variant]["total_s"] / med["bare"]["total_s"]
     out["targets"] = {"ratio_max": 1.2, "preserved": f"{n_jobs}/{n_jobs}"}
     return out
 
 
 def render(summary: dict[str, Any], n_jobs: int, n_runs: int, loads: list[float]) -> str:
     med = summary["median"]
-    variants = [v for v in ("clusterbot", "bare") if v in med]
+    variants = [v for v in VARIANTS if v in med]
     if not variants:
         return "no restart finished: no figures"
 
     def cell(v: str, key: str | None) -> str:
         value = med[v]["total_s"] if key is None else med[v]["phases"][key]
-        return "-" if key in ("stop_jobs", "other") and v == "bare" else f"{value:.2f} s"
+        return "-" if key in CB_ONLY and v == "bare" else f"{value:.2f} s"
 
+    packaged = n_jobs // 2
     lines = [
-        f"Restart of the local cluster with {n_jobs} running jobs ({len(OWNERS)} owners): "
-        f"medians of {n_runs} run(s) each",
+        f"Restart of the local cluster with {n_jobs} running jobs ({len(OWNERS)} owners; all with "
+        f"entrypoint resources, {packaged} from a working_dir package): medians of {n_runs} run(s) each",
         f"{'phase':<30}" + "".join(f"{v:>12}" for v in variants),
     ]
     for key, label in PHASES:
         lines.append(f"{label:<30}" + "".join(f"{cell(v, key):>12}" for v in variants))
     lines.append(f"{'total (wall)':<30}" + "".join(f"{cell(v, None):>12}" for v in variants))
     lines.append("")
-    if "ratio" in summary:
-        ok = "met" if summary["ratio"] <= 1.2 else "NOT met"
-        lines.append(f"ratio clusterbot/bare (medians): {summary['ratio']:.2f}  (target <= 1.2: {ok})")
+    for v, ratio in summary["ratio"].items():
+        ok = "met" if ratio <= 1.2 else "NOT met"
+        settle = med[v]["phases"]["settle"]
+        unsettled = (med[v]["total_s"] - settle) / med["bare"]["total_s"]
+        lines.append(
+            f"ratio {v}/bare (medians): {ratio:.2f}  (target <= 1.2: {ok}); without the settle wait: "
+            f"{unsettled:.2f}"
+        )
     for v in variants:
-        kept = summary["preserved_worst"][v]
-        lines.append(f"jobs preserved, worst run, {v}: {kept}/{n_jobs}  (target {n_jobs}/{n_jobs})")
+        worst = summary["worst"][v]
+        lines.append(
+            f"jobs kept, worst run, {v}: {worst['running']}/{n_jobs} running, {worst['faithful']}/{n_jobs} "
+            f"with their entrypoint resources  (target {n_jobs}/{n_jobs})"
+        )
     for v in variants:
         lines.append(f"totals per run, {v}: " + ", ".join(f"{t:.2f} s" for t in summary["totals"][v]))
     if loads:
@@ -306,11 +279,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--runs", type=int, default=3, help="restarts per variant (default 3)")
     p.add_argument("--jobs", type=int, default=20, help="running jobs on the cluster (default 20)")
+    p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated, of {', '.join(VARIANTS)} (default all)",
+    )
+    p.add_argument("--package-kib", type=int, default=PACKAGE_KIB, help="size of each working_dir package")
     p.add_argument("--json-out", type=Path, help="also write the figures as JSON to this file")
     p.add_argument("--keep", action="store_true", help="keep the temp CLUSTERBOT_HOME (store, logs)")
     args = p.parse_args(argv)
     if args.runs < 1 or args.jobs < 1:
         p.error("--runs and --jobs must be at least 1")
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not args.variants or set(args.variants) - set(VARIANTS):
+        p.error(f"--variants: choose among {', '.join(VARIANTS)}")
     return args
 
 
@@ -318,7 +300,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    check_ports_free()
     home = Path(tempfile.mkdtemp(prefix="cb-bench-"))
     isolate(home)
 
@@ -340,26 +321,28 @@ def main(argv: list[str] | None = None) -> int:
         adopt_cluster_auth(cluster.read_token())  # before Ray reads (and caches) this process's auth
         RayApi(cluster).wait_accepting(ACCEPT_TIMEOUT_S)
         store = open_store()
+        workdirs = make_workdirs(home / "jobs", args.package_kib)
         variants = {
             "clusterbot": lambda: clusterbot_restart(cluster, store),
+            "via-job": lambda: clusterbot_restart(dashboard_only(cluster), store),
             "bare": lambda: bare_restart(cluster),
         }
         for i in range(args.runs):
-            order = ["clusterbot", "bare"] if i % 2 == 0 else ["bare", "clusterbot"]
+            order = args.variants[i % len(args.variants) :] + args.variants[: i % len(args.variants)]
             for variant in order:
                 t = time.monotonic()
-                before = ensure_jobs(cluster, args.jobs, READY_TIMEOUT_S)
+                before = ensure_jobs(cluster, args.jobs, READY_TIMEOUT_S, workdirs)
+                infos = (RayApi(cluster).snapshot(via_job=False) or {}).get("infos") or {}
                 say(f"run {i + 1} {variant}: {len(before)} jobs RUNNING after {time.monotonic() - t:.1f}s")
                 loads.append(os.getloadavg()[0])
                 fig = variants[variant]()
-                kept = count_preserved(cluster, before)
+                kept = outcome(cluster, before, infos, OUTCOME_TIMEOUT_S)
                 fig.update(variant=variant, run=i + 1, jobs_before=len(before), load_1min=loads[-1],
-                           preserved=kept["linked" if variant == "clusterbot" else "tagged"],
-                           preserved_detail=kept)  # fmt: skip
+                           outcome=kept)  # fmt: skip
                 runs.append(fig)
                 phases = ", ".join(f"{k} {v:.2f}" for k, v in fig["phases"].items())
-                say(f"run {i + 1} {variant}: {fig['total_s']:.2f}s, "
-                    f"preserved {fig['preserved']}/{len(before)}, {phases}")  # fmt: skip
+                say(f"run {i + 1} {variant}: {fig['total_s']:.2f}s, {kept['running']}/{len(before)} running, "
+                    f"{kept['faithful']} faithful, {phases}")  # fmt: skip
     except KeyboardInterrupt:
         error, code = "interrupted", 130
         say("interrupted")
@@ -388,10 +371,12 @@ def main(argv: list[str] | None = None) -> int:
         doc = {
             "benchmark": "restart",
             "clusterbot_variant": "ops.restart.start_restart(...).run() in-process, default Settings()",
+            "via_job_variant": "the same on a view of the cluster without GCS address: snapshot as a job",
             "bare_variant": "RayApi.list_jobs, LocalDriver.stop, LocalDriver.start + wait_accepting, "
             "submit each",
             "jobs": args.jobs,
             "runs_per_variant": args.runs,
+            "package_kib": args.package_kib,
             "ports": PORTS,
             "cpus": os.cpu_count(),
             "error": error,

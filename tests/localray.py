@@ -35,21 +35,32 @@ def _free(port: int) -> bool:
             return False
 
 
+# Blocks below Linux's ephemeral range (32768-60999), where an outgoing connection may take any port
+# (FINDINGS), and clear of the local default (6379, 8265, 10001, 11365-11368, workers 20000-20999),
+# the GCP tunnels (8266-8272) and the restart bench (11100-11106, workers 11400-11999).
+HEAD_BLOCKS = range(12000, 20000, 50)  # 7 ports each
+WORKER_BLOCKS = range(21000, 32500, 500)  # 500 ports each (Ray skips a worker port found taken)
+
+
 def free_ports() -> dict[str, int]:
     """Ports for one session's head: its own block, so parallel test sessions never share a head."""
     rng = random.Random(os.getpid() ^ time.time_ns())
+    names = ["gcs", "dashboard", "dashboard_agent_listen", "dashboard_agent_grpc", "metrics_export",
+             "runtime_env_agent", "ray_client_server"]  # fmt: skip
     for _ in range(200):
-        base = rng.randrange(22000, 40000, 50)
-        names = ["gcs", "dashboard", "dashboard_agent_listen", "dashboard_agent_grpc", "metrics_export",
-                 "runtime_env_agent", "ray_client_server"]  # fmt: skip
+        base = rng.choice(HEAD_BLOCKS)
         ports = {name: base + i for i, name in enumerate(names)}
-        workers = rng.randrange(42000, 60000, 1000)
+        workers = rng.choice(WORKER_BLOCKS)
         if all(_free(p) for p in ports.values()) and _free(workers):
-            return ports | {"min_worker": workers, "max_worker": workers + 999}
+            return ports | {"min_worker": workers, "max_worker": workers + 499}
     raise RuntimeError("no free block of ports for the test cluster")
 
 
 LEASE_S = 3.0
+# A secret in the environment of every process of the session, so of every head it starts (in-process
+# or through `python -m ops`): no job may see it (LocalDriver starts heads from an allowlist).
+SECRET_CANARY_VAR = "CLUSTERBOT_TEST_SECRET_CANARY"
+SECRET_CANARY = f"canary-{os.getpid()}-{time.time_ns()}"
 
 
 class Env:
@@ -72,6 +83,7 @@ class Env:
             "RAY_USAGE_STATS_ENABLED": "0",
             "CLUSTERBOT_SETTLE_S": "3",  # tests that need the real settle time set their own
             "CLUSTERBOT_REACH_DEADLINE_S": "10",
+            SECRET_CANARY_VAR: SECRET_CANARY,
         }
 
     def ops(self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 240) -> Result:

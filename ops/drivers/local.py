@@ -4,7 +4,9 @@ Worker node types carry TPU resources (`TPU`, `TPU-<type>-head`) so jobs and dem
 real clusters'. Every process is ours by construction: `ray start --head --block` runs in its own
 session and we remember its pid; `stop` ends that process tree (never `ray stop`, which kills every
 Ray process on the machine). Pitfalls this works around are in shared/FINDINGS.md: a short temp dir,
-RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 to stay on 127.0.0.1, explicit ports per head, explicit auth mode.
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 to stay on 127.0.0.1, explicit ports per head, explicit auth mode,
+every port checked free before `ray start` (a head whose agent cannot bind dies seconds after "started"),
+and a head started from an allowlist of our environment (every job sees the head's environment).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hashlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,6 +30,11 @@ from ops.registry import Cluster, clusterbot_home
 
 if TYPE_CHECKING:
     from ops.ray_api import RayApi
+
+# What a head may inherit from our environment: every job on it sees that environment, and ours holds
+# secrets (the bot's DISCORD_TOKEN, cloud credentials). RAY_AUTH* is the driver's own to set.
+ENV_ALLOWED = ("PATH", "HOME", "LANG", "LANGUAGE", "TMPDIR", "USER", "LOGNAME", "TZ")
+ENV_ALLOWED_PREFIXES = ("LC_", "RAY_")
 
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 2.0  # Ray ignores SIGTERM for 10 s and more; jobs were stopped and backed up already
@@ -88,8 +96,13 @@ class LocalDriver:
         return None if self.cluster.token is None else self.cluster.token.path()
 
     def env(self) -> dict[str, str]:
-        """The environment `ray start` runs in; token auth when the registry gives the cluster a token."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        """The environment `ray start` runs in, and so every job's: an allowlist of ours (ENV_ALLOWED),
+        what the driver needs, token auth when the registry gives the cluster a token."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if (k in ENV_ALLOWED or k.startswith(ENV_ALLOWED_PREFIXES)) and not k.startswith("RAY_AUTH")
+        }
         env.update(
             RAY_FAKE_CLUSTER="1",
             AUTOSCALER_UPDATE_INTERVAL_S="1",
@@ -167,8 +180,38 @@ class LocalDriver:
                     ) from None
         return f"local cluster up (pid {pid}), dashboard at {url}"
 
+    def check_ports(self) -> None:
+        """Every port the head will bind is free, and no one listens in its worker range; else an
+        OpsError naming the port and its holder. Ray's own checks miss some: an agent that cannot
+        bind takes the raylet down seconds after `ray start` said the head was up (FINDINGS)."""
+        p = self.ports
+        fixed = {
+            "gcs": p.gcs,
+            "dashboard": p.dashboard,
+            "dashboard agent": p.dashboard_agent_listen,
+            "dashboard agent gRPC": p.dashboard_agent_grpc,
+            "metrics export": p.metrics_export,
+            "runtime-env agent": p.runtime_env_agent,
+            "Ray client server": p.ray_client_server,
+        }
+        for name, port in fixed.items():
+            if not _bindable(port):
+                raise OpsError(
+                    f"port {port} ({name}) of the local cluster is taken by {_holder(port)}",
+                    "stop that process, or give the cluster other ports (local_ports in the registry)",
+                )
+        listening = _listeners(range(p.min_worker, p.max_worker + 1))
+        if listening:
+            port, holder = min(listening.items())
+            raise OpsError(
+                f"port {port} in the local cluster's worker range {p.min_worker}-{p.max_worker} is taken"
+                f" by {holder}",
+                "stop that process, or give the cluster another worker range (local_ports in the registry)",
+            )
+
     def _start_once(self) -> int:
         self.stop()  # leftovers of a head that died leave ports taken
+        self.check_ports()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         token_path = self.token_path()
         if token_path is not None and not token_path.exists():
@@ -254,6 +297,50 @@ class LocalDriver:
 
     def _cleanup_pidfile(self) -> None:
         self.pid_file.unlink(missing_ok=True)
+
+
+def _bindable(port: int) -> bool:
+    """Whether a server could bind `port` on every address now. SO_REUSEADDR as Ray's servers set it:
+    a listener or an outgoing connection on the port blocks it, a closed connection's TIME_WAIT not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _describe(pid: int | None) -> str | None:
+    if not pid:
+        return None
+    try:
+        return f"{psutil.Process(pid).name()} (pid {pid})"
+    except psutil.Error:
+        return None
+
+
+def _holder(port: int) -> str:
+    """Who holds `port`: a process name and pid when this user may see it (a listener first)."""
+    try:
+        conns = [c for c in psutil.net_connections(kind="tcp") if c.laddr and c.laddr.port == port]
+    except psutil.Error:
+        conns = []
+    conns.sort(key=lambda c: c.status != psutil.CONN_LISTEN)
+    return next((d for c in conns if (d := _describe(c.pid))), "another process")
+
+
+def _listeners(ports: range) -> dict[int, str]:
+    """Ports in `ports` someone listens on (TCP), with their holder."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.Error:
+        return {}
+    return {
+        c.laddr.port: _describe(c.pid) or "another process"
+        for c in conns
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports
+    }
 
 
 class _HeadDied(Exception):
