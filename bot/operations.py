@@ -15,8 +15,12 @@ from ops.restart import Step, find_record, plan_restart, resume_restart, start_r
 
 
 def look_restart(engine: Engine, cluster: Cluster, user: User, params: dict[str, Any]) -> Look:
-    plan = plan_restart(engine.store, cluster, user.name, params.get("preserve_jobs", True))
-    return Look(plan.jobs, plan.notes)
+    """Refused (or TokenRefused) when the head does not answer and is not known gone, unless an admin
+    forces it: the requester hears why, nothing is announced."""
+    force = bool(params.get("force_unbacked"))
+    preserve = params.get("preserve_jobs", True)
+    plan = plan_restart(engine.store, cluster, user.name, preserve, force, engine.restart_settings)
+    return Look(plan.jobs, plan.notes, unbacked=plan.unbacked)
 
 
 def execute_restart(
@@ -41,8 +45,9 @@ def execute_restart(
                               holder=engine.holder)  # fmt: skip
         preserve = bool(op.params.get("preserve_jobs", True))
         run = start_restart(
-            engine.store, cluster, op.requester.name, preserve, settings, progress, lease=lease
-        )
+            engine.store, cluster, op.requester.name, preserve, settings, progress, lease=lease,
+            force_unbacked=bool(op.params.get("force_unbacked")), skip_resubmit=op.skip_resubmit,
+        )  # fmt: skip
     result = run.run()
     owners = [x.owner for x in result.resubmitted if x.status == "submitted" and x.owner]
     text = render_restart(result)

@@ -507,3 +507,25 @@ async def test_the_requester_hears_when_someone_else_ends_their_request(driven: 
         await engine.unlock(ADMIN, "local")
         ping = driven.chat.new_posts()[-1]
         assert ping.mentions == ["alice"] and "root force-unlocked local" in ping.text
+
+
+async def test_bob_asks_not_to_resubmit_then_changes_his_mind(driven: Fixture) -> None:
+    async with running(driven) as engine:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        await engine.act(BOB, op_id, "skip")
+        op = engine.ops[op_id]
+        assert op.skip_resubmit == {"raysubmit_bob_0": "bob", "raysubmit_bob_1": "bob"}
+        assert rules.consent(op, driven.clock())[0]  # it counts as his OK
+        assert "NOT resubmitted, on their owners' word: raysubmit_bob_0 (bob)" in driven.chat.text(
+            op.message_id
+        )
+        await engine.act(BOB, op_id, "ok")
+        assert engine.ops[op_id].skip_resubmit == {}
+        assert not (await engine.act(CAROL, op_id, "skip")).ok  # not her jobs
+
+
+async def test_force_unbacked_is_for_admins(fx: Fixture) -> None:
+    engine = fx.engine()
+    r = await engine.request(ALICE, "restart", "local", {"force_unbacked": True})
+    assert not r.ok and "for admins" in r.text and not engine.ops

@@ -76,6 +76,7 @@ class Look:
 
     jobs: list[Any]
     notes: list[str]
+    unbacked: bool = False  # the head does not answer and an admin forced it: nothing will be backed up
 
 
 @dataclass
@@ -248,6 +249,9 @@ class Engine:
         cluster = self.registry.clusters[cluster_name]
         if params.get("override") and not self.is_admin(user):
             return Reply("override is for admins", ok=False)
+        if params.get("force_unbacked") and not self.is_admin(user):
+            why = "force_unbacked (restart without a backup when the head does not answer) is for admins"
+            return Reply(why, ok=False)
         if cluster.protected and not params.get("override"):
             return Reply(
                 f"{cluster.name} is protected: only read-only commands, unless an admin passes override",
@@ -273,6 +277,7 @@ class Engine:
                 user.name,
                 self.restart_settings.lease_s,
                 self.holder,
+                phase="announced",
             )
         except OpsError as e:  # taken meanwhile (two requests at once): the same answer as above
             return await self._busy(cluster.name) or Reply(str(e), ok=False)
@@ -291,6 +296,7 @@ class Engine:
             jobs_total=len(look.jobs),
             job_ids=[j.submission_id for j in look.jobs],
             notes=look.notes,
+            unbacked=look.unbacked,
         )
         for job in look.jobs:
             chat_id = self.owner_to_chat(job.owner) if job.owner else None
@@ -303,6 +309,7 @@ class Engine:
                 continue
             entry = op.affected.setdefault(chat_id, Affected(chat_id=chat_id, owners=[], jobs=0))
             entry.jobs += 1
+            entry.job_ids.append(job.submission_id)
             if job.owner not in entry.owners:
                 entry.owners.append(job.owner)
         if spec.ceremony == "announce":
@@ -503,6 +510,8 @@ class Engine:
 
         lease = self._leases.pop(op.op_id, None)
         try:
+            if lease is not None:  # whoever asks for the cluster now hears it is running
+                await asyncio.to_thread(lease.set_phase, "executing")
             outcome = await asyncio.to_thread(spec.execute, self, op, lease, progress)
         except Exception as e:
             if not isinstance(e, OpsError):

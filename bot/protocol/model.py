@@ -36,6 +36,7 @@ class Vote(StrEnum):
     OK = "ok"
     DELAY = "delay"
     OBJECT = "object"
+    SKIP = "skip"  # OK, but do not resubmit my jobs (they must not run twice)
 
 
 class Affected(BaseModel):
@@ -44,6 +45,7 @@ class Affected(BaseModel):
     chat_id: str
     owners: list[str]  # the Ray job owners that map to this chat user
     jobs: int
+    job_ids: list[str] = Field(default_factory=list)  # their jobs seen at the announcement
     vote: Vote = Vote.PENDING
     delay_min: int = 0  # minutes of delay this owner asked for, in total
 
@@ -74,6 +76,10 @@ class Operation(BaseModel):
     progress: list[str] = Field(default_factory=list)
     result: str | None = None
     error: str | None = None
+    unbacked: bool = False  # the head does not answer and an admin forced it: jobs are NOT backed up
+    skip_resubmit: dict[str, str] = Field(
+        default_factory=dict
+    )  # job id -> chat name who asked to leave it out
     downtime_s: float = 0.0  # time the bot was down while this was open (windows extended by it)
 
     @property

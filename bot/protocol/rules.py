@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from bot.config import Windows
 from bot.protocol.model import Affected, Button, Operation, State, User, Vote
 
-ACTIONS = ("confirm", "ok", "delay", "object", "cancel", "override")
+ACTIONS = ("confirm", "ok", "delay", "object", "skip", "cancel", "override")
 
 
 def consent(op: Operation, now: datetime) -> tuple[bool, str]:
@@ -23,7 +23,7 @@ def consent(op: Operation, now: datetime) -> tuple[bool, str]:
         return False, "delayed for a checkpoint"
     if not op.affected and not op.unreachable_jobs:
         return True, "no other users' jobs"
-    answered = all(a.vote in (Vote.OK, Vote.DELAY) for a in op.affected.values())
+    answered = all(a.vote in (Vote.OK, Vote.DELAY, Vote.SKIP) for a in op.affected.values())
     if answered and not op.unreachable_jobs:
         return True, "every affected owner agreed"
     if op.consent_deadline and now >= op.consent_deadline:
@@ -49,7 +49,7 @@ def refusal(op: Operation, user: User, action: str, is_admin: bool) -> str | Non
         return f"operation {op.op_id} is counting down: only cancel is possible now"
     if action == "confirm" and user.id != op.requester.id:
         return f"only {op.requester.name} (who asked) can confirm"
-    if action in ("ok", "delay", "object") and user.id not in op.affected:
+    if action in ("ok", "delay", "object", "skip") and user.id not in op.affected:
         return "only people whose jobs this stops can answer for them"
     if action == "override" and not is_admin:
         return "only an admin can override"
@@ -78,6 +78,17 @@ def apply(
         op.overridden_by = user.name
         return op, "consent overridden"
     affected = op.affected[user.id]
+    if action == "skip":
+        if affected.vote == Vote.SKIP:
+            return op, "already counted: OK, your jobs will not be resubmitted"
+        affected.vote = Vote.SKIP
+        op.skip_resubmit.update({sid: user.name for sid in affected.job_ids})
+        return op, (
+            f"OK counted; your {_jobs(len(affected.job_ids))} will be backed up but not resubmitted: "
+            "resubmit yourself if you need to"
+        )
+    for sid in affected.job_ids:  # any other answer takes a "don't resubmit" back
+        op.skip_resubmit.pop(sid, None)
     if action == "ok":
         if affected.vote == Vote.OK:
             return op, "already counted: OK"
@@ -129,6 +140,8 @@ def buttons(op: Operation, windows: Windows) -> list[Button]:
             out += [Button("ok", "OK", "success")]
             out += [Button("delay", f"Delay {m} min", "secondary", str(m)) for m in windows.delay_choices_min]
             out += [Button("object", "Object", "danger")]
+            if op.kind == "restart" and op.params.get("preserve_jobs", True) and not op.unbacked:
+                out += [Button("skip", "Don't resubmit mine", "secondary")]
         out += [Button("cancel", "Cancel", "secondary"), Button("override", "Override (admin)", "danger")]
         return out
     if op.state == State.GRACE:
@@ -154,12 +167,21 @@ def render(
         jobs += ": " + "; ".join(owners)
     lines.append(jobs)
     lines += [f"note: {n}" for n in op.notes]
-    if op.kind == "restart":
+    if op.kind == "restart" and op.unbacked:
+        lines.append(
+            f"jobs are NOT backed up: the head does not answer and admin {op.requester.name} forced it"
+        )
+    elif op.kind == "restart":
         lines.append(
             "jobs are backed up and resubmitted after the restart"
             if op.params.get("preserve_jobs", True)
             else "jobs are stopped and NOT resubmitted (preserve_jobs off)"
         )
+        if op.skip_resubmit:
+            lines.append(
+                "backed up but NOT resubmitted, on their owners' word: "
+                + ", ".join(f"{sid} ({who})" for sid, who in op.skip_resubmit.items())
+            )
     if op.state == State.AWAITING:
         lines.append(
             f"{op.requester.name} confirmed" if op.confirmed
@@ -204,7 +226,8 @@ def answer(a: Affected) -> str:
     """What an affected owner answered, as a vote (not to be read as a job's state)."""
     if a.vote == Vote.DELAY:
         return f"delayed {a.delay_min} min"
-    return {Vote.PENDING: "not answered yet", Vote.OK: "OK", Vote.OBJECT: "objects"}[a.vote]
+    return {Vote.PENDING: "not answered yet", Vote.OK: "OK", Vote.OBJECT: "objects",
+            Vote.SKIP: "OK, don't resubmit"}[a.vote]  # fmt: skip
 
 
 def describe(op: Operation) -> str:
