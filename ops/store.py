@@ -217,7 +217,7 @@ class GcsStore:
         """List one object under the prefix: the credentials work and the bucket exists and lets us in.
         (Not a probe write: GCS allows one write per second per object, and every process opens.)"""
         from google.api_core import exceptions as gexc
-        from google.auth.exceptions import GoogleAuthError
+        from google.auth.exceptions import GoogleAuthError, TransportError
         from google.cloud.storage.retry import DEFAULT_RETRY
 
         retry = DEFAULT_RETRY.with_timeout(CHECK_TIMEOUT_S)
@@ -230,6 +230,11 @@ class GcsStore:
             raise BadInput(
                 f"the store's bucket {self._bucket.name} does not exist ({self.url})",
                 "create it, or set CLUSTERBOT_STORE to an existing bucket",
+            ) from None
+        except TransportError as e:  # a network failure while getting a token: not the user's input
+            raise OpsError(
+                f"cannot reach Google to authenticate for the store {self.url}: {type(e).__name__}",
+                "check the network and retry",
             ) from None
         except (gexc.Forbidden, gexc.Unauthorized, GoogleAuthError) as e:
             raise BadInput(
