@@ -529,3 +529,33 @@ async def test_force_unbacked_is_for_admins(fx: Fixture) -> None:
     engine = fx.engine()
     r = await engine.request(ALICE, "restart", "local", {"force_unbacked": True})
     assert not r.ok and "for admins" in r.text and not engine.ops
+
+
+async def test_dave_links_his_ray_name_and_is_asked_about_his_jobs(tmp_path: Path) -> None:
+    dave = User(id="4004", name="dave")
+    fx = Fixture(tmp_path, [job("dave-ray")], DRIVEN, ManualClock())
+    engine = fx.engine()
+    assert (
+        await engine.link(dave, "dave-ray")
+    ).text == "linked: you are asked about the Ray jobs of dave-ray"
+    r = await engine.link(MALLORY, "dave-ray")  # a name is not anyone's to take
+    assert not r.ok and "linked to @4004" in r.text
+    assert not (await engine.unlink(MALLORY, "dave-ray")).ok
+
+    fresh = fx.engine()  # persisted in the store: a restarted bot knows it
+    await fresh.request(ALICE, "restart", "local")
+    announcement = fx.chat.new_posts()[0]
+    assert announcement.mentions == ["4004"] and "@4004: 1 job, not answered yet" in announcement.text
+    await fresh.cancel(ALICE)
+
+    assert "no longer linked" in (await fresh.unlink(ADMIN, "dave-ray")).text
+    assert fresh.owner_to_chat("dave-ray") is None
+    assert (await fresh.link(MALLORY, "dave-ray")).ok
+
+
+def test_rights_come_from_ids_not_names(fx: Fixture) -> None:
+    fx.config.rights = Rights(admins=["42"], admin_roles=["9001"])
+    engine = fx.engine()
+    assert engine.is_admin(User(id="42", name="whoever"))
+    assert not engine.is_admin(User(id="7", name="42"))  # a display name anyone can choose
+    assert engine.is_admin(User(id="8", name="x", roles=["9001"]))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from bot.config import BotConfig
 from bot.protocol import rules
@@ -35,6 +35,17 @@ ALIVE_KEY = "bot/alive.json"
 PROGRESS_EVERY_S = 1.0  # at most one write of bot/ops/<op>.json and one edit per this, per operation
 _PATH = re.compile(r"(?<![\w/])(?:[a-z][a-z0-9+.-]*://|/)[^\s,;]+")  # URLs and absolute paths
 ALIVE_EVERY_S = 30.0  # how often the liveness record is written (GCS: one write per second per object)
+
+
+LINKS_KEY = "bot/links.json"
+_LINK_TRIES = 10
+_RAY_USER = re.compile(r"[A-Za-z0-9._@-]{1,64}")
+
+
+class Links(BaseModel):
+    """Ray job owners linked to chat users by themselves (/link)."""
+
+    owners: dict[str, str] = Field(default_factory=dict)  # Ray user -> chat id
 
 
 class _Alive(BaseModel):
@@ -112,7 +123,8 @@ class Engine:
         self.windows = config.windows
         self.chat = chat
         self.specs = specs
-        self.owner_to_chat = owner_to_chat or config.owners.get
+        self._owner_map = owner_to_chat or config.owners.get
+        self._links: dict[str, str] = {}  # Ray job owner -> chat id, linked by the people themselves
         self.restart_settings = restart_settings or RestartSettings()
         self.holder = holder
         self.clock = clock
@@ -160,7 +172,61 @@ class Engine:
     # -- helpers ----------------------------------------------------------------------------------
     def is_admin(self, user: User) -> bool:
         r = self.config.rights
-        return user.id in r.admins or user.name in r.admins or bool(set(user.roles) & set(r.admin_roles))
+        # Ids only: a display name (or a role's name) is anyone's to change or create.
+        return user.id in r.admins or bool(set(user.roles) & set(r.admin_roles))
+
+    def owner_to_chat(self, owner: str) -> str | None:
+        """The chat user of a Ray job owner: their own /link first, then the configured map."""
+        return self._links.get(owner) or self._owner_map(owner)
+
+    async def _load_links(self) -> str | None:
+        got = await asyncio.to_thread(read_model, self.store, LINKS_KEY, Links)
+        self._links = dict(got[0].owners) if got else {}
+        return got[1] if got else None
+
+    async def link(self, user: User, ray_user: str) -> Reply:
+        """/link RAY_USER: `user` says the Ray jobs of `ray_user` are theirs, so they are asked about them."""
+        ray_user = ray_user.strip()
+        if not _RAY_USER.fullmatch(ray_user):
+            return Reply(f"{ray_user!r} is not a Ray user name (letters, digits, . _ - and @)", ok=False)
+        return await self._change_links(ray_user, user.id, by=user)
+
+    async def unlink(self, admin: User, ray_user: str) -> Reply:
+        """Admins undo a link (a wrong or abandoned one)."""
+        if not self.is_admin(admin):
+            return Reply("only an admin can unlink a Ray user", ok=False)
+        return await self._change_links(ray_user.strip(), None, by=admin)
+
+    async def _change_links(self, ray_user: str, chat_id: str | None, by: User) -> Reply:
+        for _ in range(_LINK_TRIES):  # compare-and-set: another change in between means read again
+            version = await self._load_links()
+            now = self._links.get(ray_user)
+            if chat_id is not None and now not in (None, chat_id):
+                return Reply(
+                    f"{ray_user} is linked to {self.chat.mention(now)}; an admin can /unlink it", ok=False
+                )
+            if now == chat_id:
+                return Reply(f"{ray_user} is already {'linked to you' if chat_id else 'not linked'}")
+            links = dict(self._links)
+            if chat_id is None:
+                links.pop(ray_user)
+            else:
+                links[ray_user] = chat_id
+            body = dump(Links(owners=links))
+            try:
+                if version is None:
+                    await asyncio.to_thread(self.store.create, LINKS_KEY, body)
+                else:
+                    await asyncio.to_thread(self.store.replace, LINKS_KEY, body, version)
+            except Conflict:
+                continue
+            self._links = links
+            await asyncio.to_thread(journal.append, self.store, "bot/links", "link" if chat_id else "unlink",
+                                    ray_user=ray_user, chat_id=chat_id or now, by=by.id)  # fmt: skip
+            if chat_id is None:
+                return Reply(f"{ray_user} is no longer linked to {self.chat.mention(now)}")
+            return Reply(f"linked: you are asked about the Ray jobs of {ray_user}")
+        return Reply("the links changed on every try; try again", ok=False)
 
     def _allowed(self, user: User, kind: str, cluster: str) -> str | None:
         if self.is_admin(user):
@@ -298,6 +364,7 @@ class Engine:
             notes=look.notes,
             unbacked=look.unbacked,
         )
+        await self._load_links()
         for job in look.jobs:
             chat_id = self.owner_to_chat(job.owner) if job.owner else None
             if chat_id == user.id:
@@ -586,6 +653,7 @@ class Engine:
 
     # -- start-up -------------------------------------------------------------------------------------
     async def _resume(self) -> None:
+        await self._load_links()
         keys = await asyncio.to_thread(self.store.list, "bot/ops/")
         for key in keys:
             got = await asyncio.to_thread(read_model, self.store, key, Operation)
