@@ -11,6 +11,7 @@ import argparse
 import getpass
 import json
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Callable
@@ -21,10 +22,11 @@ from pydantic import BaseModel
 from ops.errors import BadInput, ExitCode, OpsError, Refused
 from ops.gcs_reader import adopt_cluster_auth
 from ops.jobs import active_jobs
-from ops.registry import Registry, load_registry
+from ops.locks import current_lock, holding, unlock
+from ops.registry import Cluster, Registry, load_registry
 from ops.render import render_jobs, render_plan, render_restart, render_status
 from ops.status import cluster_status
-from ops.store import open_store
+from ops.store import Store, open_store
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,7 +120,7 @@ def cmd_submit(reg: Registry, args: argparse.Namespace, out: Out) -> int:
 
     cluster = reg.get(args.cluster)
     words = args.entrypoint[1:] if args.entrypoint[:1] == ["--"] else args.entrypoint
-    entrypoint = " ".join(words).strip()
+    entrypoint = shlex.join(words) if words else ""  # the words as the shell gave them: quote again
     if not entrypoint:
         raise BadInput(
             "submit needs an entrypoint after --", "e.g. ops submit --cluster local -- python x.py"
@@ -182,6 +184,31 @@ def _confirm(question: str) -> bool:
         return False
 
 
+def _require_confirmation(yes: bool, question: str) -> None:
+    """Go on with --yes, or when a person at a terminal says yes; refuse otherwise."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise Refused("not a terminal, so nobody can confirm", "pass --yes to go on anyway")
+    if not _confirm(question):
+        raise Refused("not confirmed; nothing was done")
+
+
+def _check_has_record(store: Store, cluster: Cluster, action: str) -> None:
+    """Refuse --resume/--abandon before touching anything when the lock's operation has no record
+    (announced in chat and never executed, or killed between lock and record): only unlock clears it."""
+    from ops.restart import find_record
+
+    held = current_lock(store, cluster.name)
+    if held is None or held.kind != "restart" or find_record(store, cluster.name, held.op_id) is not None:
+        return
+    raise Refused(
+        f"{cluster.name} is locked by {held.describe()}; it has no operation record (it never started "
+        f"executing), so there is nothing to {action}",
+        f"`python -m ops unlock --cluster {cluster.name} --op {held.op_id} --yes` clears the lock",
+    )
+
+
 def cmd_restart(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     from ops import restart
 
@@ -193,19 +220,19 @@ def cmd_restart(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     if args.resume and args.abandon:
         raise BadInput("give --resume or --abandon, not both")
     if args.abandon:
+        _check_has_record(store, cluster, "abandon")
         done = restart.abandon_restart(store, cluster, args.caller, restart.Settings().lease_s)
         left = f"; not resubmitted: {', '.join(done.not_resubmitted)}" if done.not_resubmitted else ""
         text = f"abandoned {done.op_id} at step {done.step.value}; backups kept in {done.backups}{left}"
         out.result(done, text)
         return 0
     if args.resume:
+        _check_has_record(store, cluster, "resume")
         run = restart.resume_restart(store, cluster, args.caller, progress=out.progress)
-        result = run.run()
-        out.result(result, render_restart(result))
-        return 0 if all(x.status == "submitted" for x in result.resubmitted) else 1
+        return _finish(run.run(), out)
 
     preserve = args.preserve_jobs == "1"
-    plan = restart.plan_restart(store, cluster, args.caller, preserve)
+    plan = restart.plan_restart(store, cluster, args.caller, preserve, force_unbacked=args.force_unbacked)
     if args.dry_run:
         out.result(
             {"dry_run": True, "plan": plan.model_dump(mode="json")},
@@ -219,16 +246,51 @@ def cmd_restart(reg: Registry, args: argparse.Namespace, out: Out) -> int:
             f"{plan.others_jobs} job(s) of other users would be stopped ({', '.join(plan.affected_owners)})",
             "ask them in #infra first, then pass --yes",
         )
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise Refused("not a terminal, so nobody can confirm", "pass --yes to restart anyway")
-        if not _confirm(f"restart {cluster.name} now?"):
-            raise Refused("not confirmed; nothing was done")
-    run = restart.start_restart(store, cluster, args.caller, preserve, progress=out.progress)
+    _require_confirmation(args.yes, f"restart {cluster.name} now?")
+    run = restart.start_restart(
+        store, cluster, args.caller, preserve, progress=out.progress, force_unbacked=args.force_unbacked
+    )
     out.progress(f"operation {run.record.op_id} (journal in {store.url}/{run.record.scope})")
-    result = run.run()
+    return _finish(run.run(), out)
+
+
+def _finish(result: Any, out: Out) -> int:
+    """Exit 0 only for a restart that is done with every job resubmitted; 1 leaves it to --resume."""
     out.result(result, render_restart(result))
-    return 0 if all(x.status == "submitted" for x in result.resubmitted) else 1
+    done = getattr(result.step, "value", result.step) == "done"
+    return 0 if done and all(x.status == "submitted" for x in result.resubmitted) else 1
+
+
+class Unlocked(BaseModel):
+    cluster: str
+    op_id: str
+    was: str  # what held the lock
+    record_step: str | None  # the restart record left behind, if any (kept with its backups)
+
+
+def cmd_unlock(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+    from ops.restart import find_record
+
+    cluster = reg.get(args.cluster)
+    store = open_store()
+    held = holding(store, cluster.name, args.op)  # refuses a free lock or another op's id, before asking
+    _require_confirmation(args.yes, f"unlock {cluster.name}, held by {held.describe()}?")
+    held = unlock(store, cluster.name, args.op, by=args.caller)
+    record = find_record(store, cluster.name, args.op)
+    step = record.step.value if record else None
+    text = f"unlocked {cluster.name} (was: {held.describe()})"
+    if record is not None and step not in ("done", "abandoned"):
+        text += f"\nits restart record stays at step {step}, backups kept in {store.url}/{record.scope}/jobs/"
+    out.result(Unlocked(cluster=cluster.name, op_id=args.op, was=held.describe(), record_step=step), text)
+    return 0
+
+
+def cmd_prune(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+    from ops.prune import prune, retention_days
+
+    result = prune(open_store(), retention_days(args.retention_days), dry_run=args.dry_run)
+    out.result(result, result.summary())
+    return 0
 
 
 # -- parser ----------------------------------------------------------------------------------------
@@ -266,6 +328,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue a restart whose process died")
     p.add_argument("--abandon", action="store_true", help="give up an unfinished restart (backups kept)")
     p.add_argument("--override-protected", action="store_true", help="admins: act on a protected cluster")
+    p.add_argument("--force-unbacked", action="store_true",
+                   help="admins: restart even when the head does not answer and cannot be shown dead; "
+                        "its jobs are NOT backed up")  # fmt: skip
+    p = add("unlock", cmd_unlock, "clear a cluster's lock, whatever holds it (give the op id holding it)")
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--op", required=True, help="the operation holding the lock (see ops status)")
+    p.add_argument("--yes", action="store_true", help="do not ask")
+    p = add("prune", cmd_prune, "delete backups and journals of operations finished long ago")
+    p.add_argument("--retention-days", type=float, help="default: CLUSTERBOT_RETENTION_DAYS, else 30")
+    p.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
     p = add("update-configs", cmd_update_configs, "render infra/<cluster>.yaml from the template")
     p.add_argument("--check", action="store_true", help="fail (exit 1) when a committed file differs")
     p = add("local", cmd_local, "the local Ray cluster on this machine")

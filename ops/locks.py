@@ -234,6 +234,23 @@ def take_over(
 _FORCE_TRIES = 20
 
 
+def _mismatch(cluster: str, op_id: str, held: LockRecord) -> Refused:
+    return Refused(
+        f"{op_id} does not hold the lock on {cluster}: it is held by {held.describe()}",
+        f"check it with `python -m ops status --cluster {cluster}`, then give --op {held.op_id}",
+    )
+
+
+def holding(store: Store, cluster: str, op_id: str) -> LockRecord:
+    """The lock on `cluster` if operation `op_id` holds it; Refused when it is free or another holds it."""
+    held = current_lock(store, cluster)
+    if held is None:
+        raise Refused(f"{cluster} is not locked", "nothing to unlock")
+    if held.op_id != op_id:
+        raise _mismatch(cluster, op_id, held)
+    return held
+
+
 def _release_held(store: Store, cluster: str, op_id: str | None) -> LockRecord | None:
     """Release the lock on `cluster` (only if `op_id` holds it, when given); returns what was released.
 
@@ -245,10 +262,7 @@ def _release_held(store: Store, cluster: str, op_id: str | None) -> LockRecord |
             return None
         held, version = got
         if op_id is not None and held.op_id != op_id:
-            raise Refused(
-                f"{op_id} does not hold the lock on {cluster}: it is held by {held.describe()}",
-                f"check it with `python -m ops status --cluster {cluster}`, then give --op {held.op_id}",
-            )
+            raise _mismatch(cluster, op_id, held)
         try:
             store.replace(_key(cluster), dump(held.model_copy(update={"released": True})), version)
         except Conflict:

@@ -9,10 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ops.registry import REPO_ROOT, Cluster
+import pytest
+
+from ops import journal
+from ops.locks import acquire, current_lock
+from ops.registry import REPO_ROOT, Cluster, load_registry
 from ops.restart import Settings, start_restart
-from ops.store import open_store
-from tests.localray import Env
+from ops.store import LocalStore, Store, open_store
+from tests.localray import Env, wait_for
 
 
 def run_ops(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -57,10 +61,17 @@ def test_clusters_lists_the_registry(ops_env: Env) -> None:
 def test_protected_cluster_refuses_without_override(ops_env: Env) -> None:
     r = ops_env.ops("restart", "--cluster", "big-run", "--yes")
     assert r.code == 3 and "protected" in r.err and "--override-protected" in r.err
-    # With the override the protection no longer refuses; the dry run then looks at the (absent) head.
-    r = ops_env.ops("restart", "--cluster", "big-run", "--override-protected", "--dry-run")
+    # With the override the protection no longer refuses; the (absent) head then does: it does not
+    # answer and nothing here can show it gone, so its jobs could not be backed up.
+    fast = {"CLUSTERBOT_REACH_DEADLINE_S": "1"}
+    r = ops_env.ops("restart", "--cluster", "big-run", "--override-protected", "--dry-run", extra_env=fast)
+    assert r.code == 3 and "protected" not in r.err and "did not answer" in r.err, r
+    assert "--force-unbacked" in r.err
+    # An admin may go on without a backup: the plan says so.
+    forced = ("--override-protected", "--force-unbacked", "--dry-run")
+    r = ops_env.ops("restart", "--cluster", "big-run", *forced, extra_env=fast)
     assert r.code == 0, r
-    assert "head does not answer" in r.out
+    assert "will NOT be backed up" in r.out
 
 
 def test_submit_jobs_and_status_show_owners_and_hide_secrets(ops_env: Env, cluster: Cluster) -> None:
@@ -125,3 +136,103 @@ def test_update_configs_check_fails_on_drift_and_regenerating_fixes_it(tmp_path:
 
     assert run_ops("update-configs", env=env).returncode == 0
     assert run_ops("update-configs", "--check", env=env).returncode == 0
+
+
+# -- locks a person can always clear -----------------------------------------------------------------
+def lock_bytes(store: Store, cluster: str) -> bytes:
+    got = store.read(f"locks/{cluster}.json")
+    assert got is not None
+    return got.data
+
+
+OwnStore = tuple[LocalStore, dict[str, str]]
+
+
+@pytest.fixture
+def own_store(tmp_path: Path) -> OwnStore:
+    """A store of this test's own (the session's is shared with the local cluster's tests)."""
+    store = LocalStore(tmp_path / "store")
+    return store, {"CLUSTERBOT_STORE": str(store.root)}
+
+
+@pytest.mark.parametrize("phase", ["announced", "executing"])
+def test_a_lock_without_record_is_cleared_by_unlock_and_nothing_else_changes_it(
+    ops_env: Env, own_store: OwnStore, phase: str
+) -> None:
+    """The chat exited while waiting for consent (announced), or a restart was killed between its lock
+    and its record (executing): --resume and --abandon refuse and change nothing; unlock clears it."""
+    store, env = own_store
+    acquire(store, "us-east1", "op-1", "restart", "alice", lease_s=0.05, phase=phase)  # type: ignore[arg-type]
+    wait_for(lambda: current_lock(store, "us-east1").expired(), 5, "the lease to end")
+    before = lock_bytes(store, "us-east1")
+
+    for action in ("--resume", "--abandon"):
+        r = ops_env.ops("restart", "--cluster", "us-east1", action, extra_env=env)
+        assert r.code == 3, r
+        assert "no operation record" in r.err and "unlock --cluster us-east1 --op op-1 --yes" in r.err
+        assert ("waiting for consent" in r.err) == (phase == "announced")
+        assert lock_bytes(store, "us-east1") == before, f"{action} changed the lock"
+
+    r = ops_env.ops("unlock", "--cluster", "us-east1", "--op", "op-2", "--yes", extra_env=env)
+    assert r.code == 3 and "op-2 does not hold the lock" in r.err and "--op op-1" in r.err, r
+    r = ops_env.ops("unlock", "--cluster", "us-east1", "--op", "op-1", extra_env=env)  # no terminal, no --yes
+    assert r.code == 3 and "not a terminal" in r.err and "--yes" in r.err, r
+    assert lock_bytes(store, "us-east1") == before
+
+    r = ops_env.ops(
+        "unlock", "--cluster", "us-east1", "--op", "op-1", "--yes", "--as", "carol", extra_env=env
+    )
+    assert r.code == 0, r
+    assert "unlocked us-east1" in r.out and "op-1 by alice" in r.out
+    assert current_lock(store, "us-east1") is None
+    entries = journal.read(store, "operations/us-east1/op-1")
+    assert [(e["event"], e["by"], e["phase"]) for e in entries] == [("unlocked", "carol", phase)]
+    r = ops_env.ops("unlock", "--cluster", "us-east1", "--op", "op-1", "--yes", extra_env=env)
+    assert r.code == 3 and "not locked" in r.err
+
+
+def test_unlock_of_a_stalled_restart_keeps_its_record_and_says_where_the_backups_are(
+    ops_env: Env, own_store: OwnStore
+) -> None:
+    store, env = own_store
+    run = start_restart(
+        store,
+        load_registry(Path(os.environ["CLUSTERBOT_REGISTRY"])).get("us-east1"),
+        "alice",
+        True,
+        Settings(lease_s=30),
+    )
+    run.lease.expire()
+    r = ops_env.ops("unlock", "--cluster", "us-east1", "--op", run.record.op_id, "--yes", "--json",
+                    extra_env=env)  # fmt: skip
+    assert r.code == 0, r
+    assert r.json()["record_step"] == "planned" and "its process stopped" in r.json()["was"]
+    assert current_lock(store, "us-east1") is None
+    assert store.read(f"{run.record.scope}/record.json") is not None
+
+
+def test_status_shows_the_phase_of_the_lock(ops_env: Env, own_store: OwnStore) -> None:
+    store, env = own_store
+    lease = acquire(store, "us-east1", "op-1", "restart", "alice", lease_s=30, phase="announced")
+    r = ops_env.ops("status", "--cluster", "us-east1", extra_env=env)
+    assert r.code == 0, r
+    assert "restart op-1 by alice" in r.out and "waiting for consent in chat since" in r.out
+    lease.set_phase("executing")
+    r = ops_env.ops("status", "--cluster", "us-east1", extra_env=env)
+    assert "running on" in r.out and "waiting for consent" not in r.out
+    lease.release()
+
+
+def test_submit_keeps_the_quoting_of_its_words(ops_env: Env, cluster: Cluster) -> None:
+    from ops.ray_api import RayApi
+
+    r = ops_env.ops("submit", "--cluster", "local", "--as", "dora", "--", "sh", "-c", "echo a b")
+    assert r.code == 0, r
+    sid = r.out.split()[1]
+    api = RayApi(cluster)
+    wait_for(lambda: api.status(sid) in ("SUCCEEDED", "FAILED", "STOPPED"), 60, f"{sid} to end")
+    assert api.status(sid) == "SUCCEEDED"
+    assert api.jobs.get_job_info(sid).entrypoint == "sh -c 'echo a b'"
+    # Joined unquoted (`sh -c echo a b`), the shell would run `echo` alone and print an empty line.
+    # The log may lag the job's end: wait (bounded) for the line.
+    wait_for(lambda: "a b" in api.jobs.get_job_logs(sid).splitlines(), 30, "the job's output in its log")
