@@ -1,12 +1,33 @@
-"""The GCP driver: a cluster's Ray through Ray's cluster launcher (`ray up` / `ray down`).
+"""The GCP driver: a cluster's Ray through Ray's cluster launcher (`ray up`, `ray down`, `ray get-head-ip`,
+`ray dashboard`), and how this machine reaches the head.
 
 The launcher reads the generated config `infra/<cluster>.yaml` (rendered from the one template by
-`python -m ops update-configs`) and talks to Compute Engine and Cloud TPU itself; this module only runs
-the two commands, as the runbooks do, and asks the dashboard whether the head answers.
+`python -m ops update-configs`) and talks to Compute Engine and Cloud TPU itself; this module runs its
+commands, as the runbooks do, and asks the dashboard whether the head answers.
 
-Every command goes through one injectable runner (`Runner`), so tests check the exact command lines
-without GCP, and a failure becomes one `OpsError` naming the command and the cluster, with the last
-lines of the command's output (secret-looking environment values masked) as the hint.
+Every command that runs to completion goes through one injectable runner (`Runner`), so tests check the
+exact command lines without GCP, and a failure becomes one `OpsError` naming the command and the
+cluster, with the last lines of the command's output (secret-looking environment values masked) as the
+hint. Commands that use SSH (`up`, `down`, `dashboard`) get, when the registry names an `ssh_key`, a
+private copy of the config (`$CLUSTERBOT_HOME/gcp/configs/`, 0600) whose `auth.ssh_private_key` points
+at it; Ray then registers no key of its own, and its launch hash (which hashes the key's content, not
+its path) stays the same for everyone using that key.
+
+Reaching the head (the registry's `reach`; `dashboard_url()` is where it answers now):
+  - tunnel: `ray dashboard --port <the registry's local port> <config>` opens an `ssh -L` to the head's
+    dashboard. The driver starts it as a child in its own process group, with a minimal environment
+    (TUNNEL_ENV, never ours wholesale), its output in `$CLUSTERBOT_HOME/gcp/tunnels/<cluster>.log`.
+    There is one tunnel per port in a process, shared by every driver object of the cluster, checked on
+    every `dashboard_url()` and reopened when it ended: Ray's ssh exits when the head VM goes away
+    (keep-alives) or the port is taken (ExitOnForwardFailure). `stop()` and `start()` drop it (the head
+    will be a new VM); `close()` ends it, as does this process's exit. A port that already answers
+    without a tunnel of ours (a person's own `ray dashboard`) is used as it is.
+  - internal: `http://<address from ray get-head-ip>:8265`, for a bot on a VM in the project's network
+    (the config then needs `provider.use_internal_ips: true`, or Ray prints the external address); the
+    address is asked again whenever the last one stops answering.
+`head_exists()` says False only on Ray's own "Head node of cluster (<name>) not found!" for this cluster
+(and not after Ray's warning that a head exists but is not up to date); anything else it cannot read is
+None, which never lets a restart go on without a backup.
 
 Head-first deletion: decided against here, and left to `ray down`'s own ordering.
 Marin's `stop-cluster` deletes the head VM through the Compute API before it deletes the TPUs and runs
@@ -348,7 +369,7 @@ class GcpDriver:
     def _find_head(self) -> tuple[bool | None, str | None]:
         """(whether a head exists, its address when `ray get-head-ip` printed one)."""
         try:
-            result = self._run(["get-head-ip"], self.probe_timeout_s * 20, ssh=False)
+            result, _ = self._run(["get-head-ip"], self.probe_timeout_s * 20, ssh=False)
         except OpsError as e:
             log.warning("%s: cannot tell whether a head exists: %s", self.cluster.name, e)
             return None, None
@@ -371,8 +392,8 @@ class GcpDriver:
     def dashboard_url(self) -> str:
         """Where this machine reaches the head's dashboard now, by the registry's `reach`.
 
-        tunnel: the registry's local URL, after making sure a tunnel serves it: ours, alive and
-        answering, or a new `ray dashboard` (waited for up to `tunnel_open_timeout_s`), or someone
+        tunnel: the registry's local URL, after making sure a tunnel serves it: ours while it runs, or a
+        new `ray dashboard` (waited for until it answers, up to `tunnel_open_timeout_s`), or someone
         else's that answers there. internal: `http://<head address>:8265`, the address asked again when
         the last one stops answering (the registry's URL when no head was ever found). Nothing answering
         is not an error here (the caller's probe finds it, and asks `head_exists`); a missing config or
@@ -402,10 +423,11 @@ class GcpDriver:
         with _port_lock(port):
             tunnel = _tunnels.get(port)
             if tunnel is not None:
-                if tunnel.alive() and answers(url, self.probe_timeout_s):
+                # Alive is enough: a head whose dashboard does not answer yet (or any more) would not
+                # answer through a new tunnel either, and ssh's keep-alives end one whose VM is gone.
+                if tunnel.alive():
                     return url
-                # It died (its head went away, its SSH connection dropped) or hangs: open a new one.
-                log.info("%s: the dashboard tunnel on port %d is down; reopening it", self.cluster.name, port)
+                log.info("%s: the dashboard tunnel on port %d ended; reopening it", self.cluster.name, port)
                 tunnel.close()
                 del _tunnels[port]
             elif answers(url, self.probe_timeout_s):
@@ -514,14 +536,15 @@ class GcpDriver:
             os.replace(tmp, out)
         return out
 
-    def _run(self, args: list[str], timeout: float, *, ssh: bool) -> RunResult:
-        """Run `ray <args> <config>` through the runner; OpsError only when it cannot run at all."""
+    def _run(self, args: list[str], timeout: float, *, ssh: bool) -> tuple[RunResult, str]:
+        """Run `ray <args> <config>` through the runner: its result and the command as shown to people.
+        OpsError only when it cannot run at all."""
         config = self._config(ssh)
         argv = [self.ray_bin, *args, str(config)]
         shown = " ".join(["ray", *args, _relative(config)])
         log.info("%s: running %s", self.cluster.name, shown)
         try:
-            return self.runner(argv, timeout=timeout, cwd=REPO_ROOT)
+            return self.runner(argv, timeout=timeout, cwd=REPO_ROOT), shown
         except OSError as e:
             raise OpsError(
                 f"`{shown}` for cluster {self.cluster.name} could not start: {e.strerror or e}",
@@ -530,8 +553,7 @@ class GcpDriver:
 
     def _ray(self, args: list[str], timeout: float, *, ssh: bool) -> RunResult:
         """`_run`, with a timeout or a non-zero exit as an OpsError naming the command and the cluster."""
-        result = self._run(args, timeout, ssh=ssh)
-        shown = " ".join(["ray", *args, _relative(self._config(ssh))])
+        result, shown = self._run(args, timeout, ssh=ssh)
         if result.timed_out:
             raise OpsError(
                 f"`{shown}` for cluster {self.cluster.name} timed out after {timeout:g} s and was "
