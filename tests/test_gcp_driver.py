@@ -495,6 +495,21 @@ def test_no_head_no_tunnel_and_no_long_wait(fake_gcp):
     assert not driver_tunnel_alive(driver)
 
 
+def test_a_port_that_already_answers_is_used_as_it_is(fake_gcp, dashboard):
+    # A person's own `ray dashboard` holds the cluster's port: no second tunnel (it could not bind).
+    driver = fake_gcp.driver(url=dashboard)
+    assert driver.dashboard_url() == dashboard
+    assert fake_gcp.dashboard_calls() == []
+
+
+def test_a_tunnel_that_cannot_open_says_why_in_the_log(fake_gcp, caplog, monkeypatch):
+    monkeypatch.setenv("CLUSTERBOT_TEST_SECRET", "marin-us-central2")  # masked wherever it appears
+    driver = fake_gcp.driver()
+    driver.dashboard_url()
+    assert "does not answer yet" in caplog.text and "exited with code 1" in caplog.text
+    assert "Head node of cluster (***) not found!" in caplog.text
+
+
 def test_the_tunnel_gets_a_minimal_environment(fake_gcp, monkeypatch):
     monkeypatch.setenv("DISCORD_TOKEN", "canary-discord-7f3e")
     monkeypatch.setenv("CLUSTERBOT_CANARY", "canary-env-91ab")
