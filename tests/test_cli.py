@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ops import journal
 from ops.locks import acquire, current_lock
 from ops.registry import REPO_ROOT, Cluster, load_registry
-from ops.restart import Settings, start_restart
+from ops.restart import Settings, Step, find_record, start_restart
 from ops.store import LocalStore, Store, open_store
 from tests.localray import Env, wait_for
 
@@ -236,3 +238,26 @@ def test_submit_keeps_the_quoting_of_its_words(ops_env: Env, cluster: Cluster) -
     # Joined unquoted (`sh -c echo a b`), the shell would run `echo` alone and print an empty line.
     # The log may lag the job's end: wait (bounded) for the line.
     wait_for(lambda: "a b" in api.jobs.get_job_logs(sid).splitlines(), 30, "the job's output in its log")
+
+
+def test_force_unbacked_reaches_the_restart_itself(ops_env: Env, cluster: Cluster) -> None:
+    """An admin forces a restart of a head that is up but does not answer: the record says the jobs
+    were not backed up. The restart is killed right after that step (nothing is stopped) and the
+    cluster is unlocked by hand."""
+    port = cluster.local_ports.dashboard
+    dashboard = next(psutil.Process(c.pid) for c in psutil.net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid)  # fmt: skip
+    env = {"CLUSTERBOT_REACH_DEADLINE_S": "1", "CLUSTERBOT_FAULT": "after:backed_up"}
+    dashboard.send_signal(signal.SIGSTOP)
+    try:
+        r = ops_env.ops("restart", "--cluster", "local", "--force-unbacked", "--yes", extra_env=env)
+    finally:
+        dashboard.send_signal(signal.SIGCONT)
+    assert r.code == -signal.SIGKILL, r  # the fault point, after the backup step
+    store = open_store()
+    held = current_lock(store, "local")
+    record = find_record(store, "local", held.op_id)
+    assert record is not None and record.step == Step.BACKED_UP
+    assert record.force_unbacked and record.unbacked and record.jobs == []
+    r = ops_env.ops("unlock", "--cluster", "local", "--op", held.op_id, "--yes")
+    assert r.code == 0 and "stays at step backed_up" in r.out, r
