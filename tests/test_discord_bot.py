@@ -5,17 +5,20 @@ Most tests run the real engine (store, lock, journal, timers) with a registered 
 they need no Ray. One test runs the real restart on the session's local Ray cluster, with jobs of two
 owners, and kills the bot (a child process, SIGKILL) in the middle of the restart.
 
-People: alice asks, bob and carol own jobs, root is an admin (role infra-admin), mallory has no jobs.
+People: alice asks, bob and carol own jobs, root is an admin (role infra-admin, named by its id in the
+rights, and a Discord administrator, who sees /unlock), mallory has no jobs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import statistics
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,7 @@ import pytest_asyncio
 
 from bot.adapters.discord_bot import CUSTOM_ID, ClusterBot
 from bot.config import BotConfig, ConfigError, Rights, Settings, Windows
-from bot.protocol.engine import Look, Outcome, Spec
+from bot.protocol.engine import ALIVE_KEY, Look, Outcome, Spec
 from bot.protocol.model import Message, State
 from ops import journal
 from ops.errors import Refused
@@ -33,7 +36,9 @@ from ops.registry import Cluster, load_registry
 from ops.restart import Settings as RestartSettings
 from ops.store import LocalStore
 from tests.fakes.discord_api import (
+    ADMINISTRATOR,
     APPLICATION_COMMAND,
+    CommandHidden,
     FakeDiscord,
     FakeDiscordResolver,
     FakeInteraction,
@@ -64,13 +69,14 @@ class World:
         self.jobs = jobs
         self.runs: list[str] = []
         self.look_error: Exception | None = None
+        self.params: list[dict] = []  # what each look was asked, as the engine got it
         self.id = {name: str(fake.user(name).id) for name in PEOPLE}
         self.settings = Settings(
             discord_token=fake.token,
             guild_id=fake.guild.id,
             infra_channel_id=fake.guild.channel("infra").id,
             config=BotConfig(
-                rights=Rights(admin_roles=["infra-admin"]),
+                rights=Rights(admin_roles=[str(fake.guild.role("infra-admin").id)]),
                 owners={name: self.id[name] for name in ("alice", "bob", "carol")},
                 windows=windows,
             ),
@@ -79,6 +85,7 @@ class World:
 
     def spec(self) -> Spec:
         def look(engine, cluster, user, params):  # noqa: ANN001, ANN202
+            self.params.append(dict(params))
             if self.look_error is not None:
                 raise self.look_error
             return Look(list(self.jobs), [])
@@ -109,7 +116,7 @@ class World:
 
 @pytest_asyncio.fixture(loop_scope="function")
 async def fake():
-    async with FakeDiscord(users=PEOPLE, roles={"infra-admin": 0}) as f:
+    async with FakeDiscord(users=PEOPLE, roles={"infra-admin": ADMINISTRATOR}) as f:
         f.give_role("root", "infra-admin")
         yield f
     assert f.refused_hosts == []
@@ -186,13 +193,20 @@ def state(bot: ClusterBot, op_id: str) -> State:
 
 async def test_commands_are_synced_to_the_configured_guild(bot: ClusterBot, world: World) -> None:
     stored = {c["name"]: c for c in world.fake.guild_commands[world.fake.guild.id]}
-    assert set(stored) == {"restart", "cancel", "unlock", "status", "jobs"}
+    assert set(stored) == {"restart", "cancel", "unlock", "status", "jobs", "link", "unlink"}
     assert world.fake.global_commands == []
     assert {c.name for c in bot.synced} == set(stored)
     opts = {o["name"]: o for o in stored["restart"]["options"]}
     assert opts["cluster"]["required"] and opts["cluster"]["autocomplete"]
     assert opts["preserve_jobs"]["type"] == 5 and not opts["preserve_jobs"].get("required")
     assert opts["override"]["type"] == 5 and not opts["override"].get("required")
+    assert opts["force_unbacked"]["type"] == 5 and not opts["force_unbacked"].get("required")
+    assert "NOT backed up" in opts["force_unbacked"]["description"]
+    # Discord shows the admins' commands to its administrators only; the others to everyone.
+    admin_only = {n for n, c in stored.items() if c["default_member_permissions"] == str(ADMINISTRATOR)}
+    assert admin_only == {"unlock", "unlink"}
+    assert all(stored[n]["default_member_permissions"] is None for n in set(stored) - admin_only)
+    assert stored["link"]["options"][0]["name"] == "ray_user" and stored["link"]["options"][0]["required"]
     assert not stored["status"]["options"][0].get("required")
     assert stored["jobs"]["options"][0]["required"] and stored["unlock"]["options"][0]["required"]
     assert not stored["cancel"]["options"][0].get("required")
@@ -224,7 +238,10 @@ async def test_bad_input_and_big_run_get_ephemeral_refusals_and_nothing_happens(
     assert private and "unknown cluster 'nope'" in text
     text, private = await slash(world, "bob", "jobs", cluster="nope")
     assert private and "unknown cluster" in text
-    text, private = await slash(world, "mallory", "unlock", cluster="local")
+    with pytest.raises(CommandHidden):  # Discord does not even show /unlock to mallory
+        await world.fake.slash("mallory", "unlock", options={"cluster": "local"}, channel="infra")
+    # The server's owner sees it (a Discord administrator) but is not one of the bot's admins.
+    text, private = await slash(world, world.fake.owner.username, "unlock", cluster="local")
     assert private and "only an admin" in text
     text, private = await slash(world, "mallory", "cancel")
     assert private and "no operation that can still be cancelled" in text
@@ -249,16 +266,18 @@ async def test_alice_restarts_local_and_everyone_says_ok(bot: ClusterBot, world:
     op_id, ann = await announce(world, bot)
     bob, carol = world.id["bob"], world.id["carol"]
     assert ann.author.id == world.fake.bot_user.id and not ann.ephemeral and ann.interaction_id is None
-    assert f"<@{bob}>: 2 (pending)" in ann.content and f"<@{carol}>: 1 (pending)" in ann.content
+    assert f"<@{bob}>: 2 jobs, not answered yet" in ann.content
+    assert f"<@{carol}>: 1 job, not answered yet" in ann.content
     assert "1 of alice's own" in ann.content and "<t:" in ann.content  # a Discord timestamp
     assert ann.pinged == {int(bob), int(carol)}  # the affected owners are notified; alice asked
     assert all(CUSTOM_ID.fullmatch(c) and op_id in c and len(c) <= 100 for c in ann.custom_ids)
     assert [b["label"] for b in ann.buttons] == [
-        "Confirm", "OK", "Delay 10 min", "Delay 30 min", "Object", "Cancel", "Override (admin)"
+        "Confirm", "OK", "Delay 10 min", "Delay 30 min", "Object", "Don't resubmit mine", "Cancel",
+        "Override (admin)",
     ]  # fmt: skip
 
     assert await click(world, "bob", ann, "ok") == ("OK counted", True)
-    await world.fake.wait_for_message(lambda m: m.id == ann.id and f"<@{bob}>: 2 (ok)" in m.content)
+    await world.fake.wait_for_message(lambda m: m.id == ann.id and f"<@{bob}>: 2 jobs, OK" in m.content)
     assert await click(world, "carol", ann, "ok") == ("OK counted", True)
     assert state(bot, op_id) == State.AWAITING  # alice has not confirmed yet
     assert await click(world, "alice", ann, "confirm") == ("confirmed", True)
@@ -409,7 +428,11 @@ async def test_a_bot_killed_mid_consent_comes_back_and_old_buttons_still_work(wo
         op_id, ann = await announce(world, first)
         await click(world, "bob", ann, "ok")
     assert first.is_closed()
-    await asyncio.sleep(0.5)
+    # Down for two minutes: the last liveness record is moved back (the engine writes one every 30 s
+    # and counts the downtime beyond that interval).
+    alive = json.loads(world.store.read(ALIVE_KEY).data)
+    alive["at"] = (datetime.fromisoformat(alive["at"]) - timedelta(minutes=2)).isoformat()
+    world.store.put(ALIVE_KEY, json.dumps(alive).encode())
 
     second = world.bot()  # a new process: all it knows comes from the store
     async with run_bot(second, world.fake):
@@ -428,8 +451,8 @@ async def test_a_bot_killed_mid_consent_comes_back_and_old_buttons_still_work(wo
 
 async def test_an_admin_force_unlocks_a_cluster_in_public(bot: ClusterBot, world: World) -> None:
     op_id, ann = await announce(world, bot)
-    text, private = await slash(world, "alice", "unlock", cluster="local")
-    assert private and "only an admin" in text
+    with pytest.raises(CommandHidden):
+        await world.fake.slash("alice", "unlock", options={"cluster": "local"}, channel="infra")
     text, private = await slash(world, "root", "unlock", cluster="local")
     assert not private and f"root force-unlocked local (was: restart {op_id} by alice" in text
     assert state(bot, op_id) == State.CANCELLED and current_lock(world.store, "local") is None
@@ -437,6 +460,72 @@ async def test_an_admin_force_unlocks_a_cluster_in_public(bot: ClusterBot, world
     assert final.components == []
     text, private = await slash(world, "root", "unlock", cluster="local")
     assert not private and text == "local was not locked"
+
+
+# -- rights, owners, links ------------------------------------------------------------------------------
+
+
+async def test_rights_go_by_id_so_a_look_alike_role_gives_nothing(world: World) -> None:
+    """mallory creates a role named infra-admin and takes it: not an admin. carol, listed by her user
+    id, is one; root is one through the real infra-admin role (by its id)."""
+    world.fake.give_role("mallory", world.fake.add_role("infra-admin"))  # same name, another id
+    world.settings.config.rights.admins = [world.id["carol"]]
+    bot = world.bot()
+    async with run_bot(bot, world.fake):
+        op_id, ann = await announce(world, bot)
+        await click(world, "bob", ann, "object")
+        text, private = await click(world, "mallory", ann, "override")
+        assert private and "only an admin can override" in text
+        assert await click(world, "carol", ann, "override") == ("consent overridden", True)
+        text, private = await slash(world, "root", "cancel", operation=op_id)
+        assert private and text == f"cancelled {op_id}"
+
+
+async def test_rights_that_name_people_or_roles_are_one_config_line(world: World) -> None:
+    world.settings.config.rights.commands = {"restart": ["*", "researcher"]}
+    with pytest.raises(ConfigError) as info:
+        world.bot()
+    line = str(info.value)
+    assert "\n" not in line and "rights.commands.restart: 'researcher' is not a Discord role id" in line
+    assert "Copy Role ID" in line
+    world.settings.config.rights.commands = {"restart": ["*"]}
+    world.settings.config.rights.admins = ["root"]
+    with pytest.raises(ConfigError, match=r"rights\.admins: 'root' is not a Discord user id.*Copy User ID"):
+        world.bot()
+
+
+async def test_a_user_links_their_ray_name_and_an_admin_unlinks_it(bot: ClusterBot, world: World) -> None:
+    mallory = world.id["mallory"]
+    text, private = await slash(world, "mallory", "link", ray_user="mal")
+    assert private and "mal" in text, text
+    world.jobs = [job("mal")]
+    op_id, ann = await announce(world, bot)  # mallory's Ray name now reaches her
+    assert f"<@{mallory}>: 1" in ann.content and ann.pinged == {int(mallory)}
+    await slash(world, "alice", "cancel", operation=op_id)
+    with pytest.raises(CommandHidden):  # Discord shows /unlink to its administrators only
+        await world.fake.slash("mallory", "unlink", options={"ray_user": "mal"}, channel="infra")
+    text, private = await slash(world, world.fake.owner.username, "unlink", ray_user="mal")
+    assert private and "admin" in text  # a Discord administrator, not one of the bot's admins
+    text, private = await slash(world, "root", "unlink", ray_user="mal")
+    assert private and "mal" in text, text
+    op_id, ann = await announce(world, bot)
+    assert f"<@{mallory}>" not in ann.content and ann.pinged == set()
+
+
+async def test_force_unbacked_reaches_the_engine_for_admins_only(bot: ClusterBot, world: World) -> None:
+    text, private = await slash(world, "mallory", "restart", cluster="local", force_unbacked=True)
+    assert private and "admin" in text and bot.engine.ops == {} and world.infra() == []
+    text, private = await slash(world, "root", "restart", cluster="local", force_unbacked=True)
+    assert private and "announced" in text, text
+    assert world.params[-1]["force_unbacked"] is True
+
+
+async def test_the_reply_to_restart_links_the_announcement(bot: ClusterBot, world: World) -> None:
+    text, private = await slash(world, "alice", "restart", cluster="local")
+    [ann] = world.infra()
+    infra = world.fake.guild.channel("infra").id
+    assert private and f"https://discord.com/channels/{world.fake.guild.id}/{infra}/{ann.id}" in text, text
+    assert bot.link("not-a-message") is None
 
 
 # -- errors ------------------------------------------------------------------------------------------
@@ -549,7 +638,7 @@ async def test_real_restart_of_the_local_cluster_with_a_bot_killed_mid_restart(
         assert private and "announced" in text, text
         ann = await fake.wait_for_message(lambda m: "asks to **restart local**" in m.content, channel="infra")
         [op_id] = {c.split(":", 3)[3] for c in ann.custom_ids}
-        assert f"<@{bob}>: 1 (pending)" in ann.content and "1 of alice's own" in ann.content
+        assert f"<@{bob}>: 1 job, not answered yet" in ann.content and "1 of alice's own" in ann.content
         assert ann.pinged == {int(bob)}
         assert await click(world, "bob", ann, "ok") == ("OK counted", True)
         assert await click(world, "alice", ann, "confirm") == ("confirmed", True)

@@ -103,12 +103,13 @@ def test_a_restart_from_a_script_keeps_bobs_job(ops_env: Env, cluster: Cluster, 
     op_id = re.search(r"^\[#infra (\d+)\] alice asks to restart local \((local-[\w-]+)\)$", out, re.M)
     mid, op_id = op_id.groups()
     announcement = out[out.index(f"[#infra {mid}]") :]
-    assert "1 running or pending job(s) on local: @bob: 1 (pending)" in announcement.splitlines()[1]
-    assert "[buttons: confirm, ok, delay 10, delay 30, object, cancel, override]" in announcement
-    assert f"[to alice] announced {op_id} in #infra: type confirm to go ahead" in out
+    asked = announcement.splitlines()[1]
+    assert "1 running or pending job(s) on local: @bob: 1 job, not answered yet" in asked
+    assert "[buttons: confirm, ok, delay 10, delay 30, object, skip, cancel, override]" in announcement
+    assert f"[to alice] announced {op_id} in #infra (#infra message {mid}): type confirm to go ahead" in out
     # the consent lines: bob's OK edits the announcement, then alice's confirmation starts the countdown
     assert f"[to bob] OK counted ({op_id})" in out
-    assert re.search(rf"^\[#infra edit {mid}\] .*@bob: 1 \(ok\)$", out, re.M), out
+    assert re.search(rf"^\[#infra edit {mid}\] .*@bob: 1 job, OK$", out, re.M), out
     assert "consent: every affected owner agreed" in out
     assert f"[to alice] confirmed ({op_id})" in out
     countdown = (
@@ -137,6 +138,48 @@ def test_a_restart_from_a_script_keeps_bobs_job(ops_env: Env, cluster: Cluster, 
     for j in active_jobs(api):  # a clean slate for the next test (else its fixture restarts the head)
         api.stop(j.submission_id)
     wait_for(lambda: not active_jobs(api), 30, "bob's and carol's jobs stopped")
+
+
+def readme_tour() -> str:
+    """The tour in the README, as written there (an indented block, comments included)."""
+    text = (REPO / "README.md").read_text()
+    lines: list[str] = []
+    for line in text[text.index("a first tour:") :].splitlines()[1:]:
+        if line.startswith("    "):
+            lines.append(line[4:])
+        elif lines and line.strip():
+            break
+    return "\n".join(lines) + "\n"
+
+
+def test_the_readme_tour_piped_into_the_bot_ends_with_bobs_job_back(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    """`python -m bot < tour.txt`: the script ends at alice's `confirm`, in the countdown; the terminal
+    keeps its clock running, waits for the restart and its report, and bob's job runs under a new id."""
+    tour = readme_tour()
+    assert tour.rstrip().splitlines()[-1].startswith("confirm") and "/wait" not in tour, tour
+    r = chat(ops_env, tmp_path, tour)
+    out = r.out
+    assert r.code == 0, r
+    old_id = re.search(r"^\[to bob\] submitted (\S+) on local as bob: sleep 600$", out, re.M).group(1)
+    op_id = re.search(r"^\[#infra \d+\] alice asks to restart local \((local-[\w-]+)\)$", out, re.M).group(1)
+    assert f"[clusterbot] end of script: waiting (at most 15 min) for {op_id}" in out
+    report = out[out.index(f"restart local is done ({op_id}), asked by alice") :]
+    new_id = re.search(rf"^\s+bob: {re.escape(old_id)} -> (\S+)$", report, re.M).group(1)
+    assert "your jobs were resubmitted: @bob" in report
+    assert "left pending" not in out and "refused" not in out
+    assert operations(tmp_path)[op_id].state == State.DONE
+    assert current_lock(LocalStore(tmp_path / "store"), "local") is None
+
+    api = RayApi(cluster)
+    job = wait_for(
+        lambda: next((j for j in active_jobs(api) if j.submission_id == new_id), None), 60, f"job {new_id}"
+    )
+    assert job.owner == "bob" and job.entrypoint == "sleep 600" and job.status in ("RUNNING", "PENDING")
+    for j in active_jobs(api):
+        api.stop(j.submission_id)
+    wait_for(lambda: not active_jobs(api), 30, "bob's job stopped")
 
 
 def test_bad_input_and_wrong_users_change_nothing(ops_env: Env, cluster: Cluster, tmp_path: Path) -> None:

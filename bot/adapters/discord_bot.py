@@ -6,8 +6,9 @@
 - Buttons: every button of an operation is an `ActionButton`, a `DynamicItem` whose custom_id
   `cb:<action>:<arg>:<op_id>` carries all its state. It is registered in `setup_hook`, so a click on
   any old message (even one posted before a bot restart) reaches `engine.act`.
-- Commands: one Cog per family (`bot/adapters/cogs/`), synced to the configured guild in
-  `setup_hook` (which runs before the gateway connects: the guild comes from configuration).
+- Commands: one Cog per family (`bot/adapters/cogs/`: operations, readonly, owners), synced to the
+  configured guild in `setup_hook` (which runs before the gateway connects: the guild comes from
+  configuration).
 - Errors: everything ends in `report_error` (the command tree's `on_error`, and the buttons'):
   an `OpsError` reaches the user as its text, anything else is logged with its traceback and the
   user gets a short apology, ephemerally, never a traceback.
@@ -31,6 +32,7 @@ from discord.ext import commands
 
 from bot.adapters.cogs import CONTENT_LIMIT, NO_PINGS, answer_privately, fit, send, user_of
 from bot.adapters.cogs.operations import Operations
+from bot.adapters.cogs.owners import Owners
 from bot.adapters.cogs.readonly import ReadOnly
 from bot.app import build_engine
 from bot.config import ConfigError, Settings
@@ -135,10 +137,7 @@ class ClusterBot(commands.Bot):
         connector: aiohttp.BaseConnector | None = None,
         **options: Any,
     ) -> None:
-        for name, value in (("CLUSTERBOT_GUILD_ID", settings.guild_id),
-                            ("CLUSTERBOT_INFRA_CHANNEL_ID", settings.infra_channel_id)):  # fmt: skip
-            if value is None:
-                raise ConfigError(f"{name} is not set: the Discord bot needs it (see README)")
+        settings.check_discord()
         super().__init__(
             command_prefix=commands.when_mentioned,  # no prefix commands: slash commands only
             intents=discord.Intents.default(),
@@ -162,6 +161,7 @@ class ClusterBot(commands.Bot):
         guild = discord.Object(self.guild_id)
         await self.add_cog(Operations(self.engine), guild=guild)
         await self.add_cog(ReadOnly(self.engine), guild=guild)
+        await self.add_cog(Owners(self.engine), guild=guild)
         self.add_dynamic_items(ActionButton)  # before the gateway: old buttons work from the start
         await self._check_channel()
         # Guild commands update at once; global ones would take up to an hour and are never synced.
@@ -200,6 +200,12 @@ class ClusterBot(commands.Bot):
 
     def when(self, at: datetime | None) -> str:
         return "-" if at is None else discord.utils.format_dt(at, "R")
+
+    def link(self, message_id: str) -> str | None:
+        """The jump URL of an #infra message (what the reply to /restart links to)."""
+        if not message_id.isdigit():
+            return None
+        return f"https://discord.com/channels/{self.guild_id}/{self.infra_channel_id}/{message_id}"
 
     def _infra(self) -> discord.PartialMessageable:
         # REST only: works in setup_hook, before the guild (and its channel cache) arrives.

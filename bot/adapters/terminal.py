@@ -2,16 +2,18 @@
 
 The local default (`python -m bot` with no DISCORD_TOKEN): the local cluster is brought up if it is
 down, users are plain names (`/as NAME` switches who is typing), a Ray job owner "bob" is chat user
-"bob", and the buttons of an announcement become words (`confirm`, `ok`, `delay 10`, `object`,
-`cancel`, `override`) that act on the newest operation the user can act on, or on an operation id
-given after the word. Every bot message is printed with a prefix: `[#infra 3]` for a channel post
-(message 3), `[#infra edit 3]` for an edit of it (only the lines that changed), `[to alice]` for a
-reply to alice, `[clusterbot]` for the terminal's own notes.
+"bob" (a user's id is their name, so a bot config for the terminal names its admins), and the
+buttons of an announcement become words (`confirm`, `ok`, `delay 10`, `object`, `skip`, `cancel`,
+`override`) that act on the newest operation the user can act on, or on an operation id given after
+the word. A `#` starts a comment, on its own line or after a command. Every bot message is printed
+with a prefix: `[#infra 3]` for a channel post (message 3), `[#infra edit 3]` for an edit of it (only
+the lines that changed), `[to alice]` for a reply to alice, `[clusterbot]` for the terminal's own notes.
 
 Interactive when standard input is a terminal (a prompt naming the acting user, the engine's timers
 running meanwhile); otherwise a script, read line by line, each line handled before the next and
-echoed after the prompt. At the end of a script an executing operation is waited for (bounded);
-pending ones stay persisted in the store, and the next start picks them up.
+echoed after the prompt. At the end of a script the clock keeps running and operations counting down
+or executing are waited for (bounded), up to their report; operations still waiting for consent stay
+persisted in the store, and the next start picks them up.
 """
 
 from __future__ import annotations
@@ -38,15 +40,16 @@ from bot.protocol.model import Button, Message, Reply, State, User
 from ops.errors import OpsError
 
 CHANNEL = "#infra"
-WORDS = ("confirm", "ok", "delay", "object", "cancel", "override")
+WORDS = ("confirm", "ok", "delay", "object", "skip", "cancel", "override")
 COMMANDS = (
-    "/restart", "/status", "/jobs", "/unlock", "/cancel", "/as", "/submit", "/ops", "/show",
-    "/wait", "/wait-state", "/help", "/quit",
+    "/restart", "/status", "/jobs", "/unlock", "/cancel", "/link", "/unlink", "/as", "/submit", "/ops",
+    "/show", "/wait", "/wait-state", "/help", "/quit",
 )  # fmt: skip
-RESTART_FLAGS = ("--no-preserve", "--override")
+RESTART_FLAGS = ("--no-preserve", "--override", "--force-unbacked")
+TRAILING_COMMENT = re.compile(r"\s+#.*$")
 MAX_WAIT_S = 3600.0  # /wait and /wait-state are bounded
 WAIT_STATE_DEFAULT_S = 900.0
-END_WAIT_S = 900.0  # end of a script: how long an executing operation is waited for
+END_WAIT_S = 900.0  # end of a script: how long operations counting down or executing are waited for
 NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 
 log = logging.getLogger("clusterbot")
@@ -113,12 +116,16 @@ class TerminalChat:
         self.console = console
         self.next_id = 1
         self._shown: dict[str, tuple[list[str], list[str]]] = {}  # message id -> (lines, button words)
+        self.changed = asyncio.Event()  # set on every post and edit: what the end of a script waits on
 
     def mention(self, chat_id: str) -> str:
         return f"@{chat_id}"
 
     def when(self, at: datetime | None) -> str:
         return "-" if at is None else f"{at.astimezone(UTC):%H:%M:%S} UTC"
+
+    def link(self, message_id: str) -> str | None:
+        return f"{CHANNEL} message {message_id}"
 
     def start_ids_after(self, message_ids: list[str | None]) -> None:
         """Number new messages after those of an earlier life (whose edits may still come)."""
@@ -135,6 +142,7 @@ class TerminalChat:
         if words:
             text += "\n[buttons: " + ", ".join(words) + "]"
         self.console.block(f"[{CHANNEL} {mid}]", text)
+        self.changed.set()
         return mid
 
     async def edit(self, message_id: str, message: Message) -> None:
@@ -148,15 +156,21 @@ class TerminalChat:
             changed.append("[buttons: " + ", ".join(words) + "]" if words else "[no buttons any more]")
         if changed:
             self.console.block(f"[{CHANNEL} edit {message_id}]", "\n".join(changed))
+        self.changed.set()
 
 
 HELP = """\
 commands (you act as {user}{admin}; clusters: {clusters}):
-  /restart CLUSTER [--no-preserve] [--override]   ask for a restart (announced in #infra, then consent)
+  /restart CLUSTER [--no-preserve] [--override] [--force-unbacked]
+                             ask for a restart (announced in #infra, then consent); admins: --override
+                             for a protected cluster, --force-unbacked to restart even if the head does
+                             not answer (jobs are NOT backed up)
   /status [CLUSTER]          head, workers, jobs by owner, operation in progress
   /jobs CLUSTER              running and pending jobs and their owners
   /unlock CLUSTER            admin: force-unlock a cluster (its open operation is cancelled)
   /cancel [OP]               cancel your newest open operation, or OP
+  /link RAY_USER             link a Ray job owner name to you (you are asked before it is stopped)
+  /unlink RAY_USER           admin: remove a Ray job owner name's link
   /as NAME                   act as NAME from now on (play the other job owners)
   /submit ENTRYPOINT...      start a job on the local cluster owned by you, e.g. /submit sleep 600
   /ops                       operations, newest first (their ids, for the words below)
@@ -168,6 +182,7 @@ the buttons of an announcement are words; each acts on the newest operation you 
   confirm [OP]               the requester goes ahead
   ok [OP], object [OP]       an affected job owner agrees / objects (ok again withdraws an objection)
   delay MINUTES [OP]         an affected owner asks for time to checkpoint ({delays})
+  skip [OP]                  an affected owner: don't resubmit my jobs (backed up, not resubmitted)
   cancel [OP]                the requester or an admin drops it (also during the countdown)
   override [OP]              an admin passes the consent (and protection, with /restart --override)
 {admins}
@@ -225,7 +240,7 @@ class Terminal:
     # -- lines ------------------------------------------------------------------------------------
     async def handle(self, line: str) -> bool:
         """Handle one line; False when it asks to quit."""
-        line = line.strip()
+        line = TRAILING_COMMENT.sub("", line.strip())
         if not line or line.startswith("#"):
             return True
         head, _, rest = line.partition(" ")
@@ -276,7 +291,7 @@ class Terminal:
         )
 
     async def cmd_restart(self, args: list[str], rest: str) -> None:
-        usage = "usage: /restart CLUSTER [--no-preserve] [--override]"
+        usage = "usage: /restart CLUSTER [--no-preserve] [--override] [--force-unbacked]"
         flags = [a for a in args if a.startswith("-")]
         names = [a for a in args if not a.startswith("-")]
         for flag in flags:
@@ -292,6 +307,8 @@ class Terminal:
         params: dict[str, Any] = {"preserve_jobs": "--no-preserve" not in flags}
         if "--override" in flags:
             params["override"] = True
+        if "--force-unbacked" in flags:
+            params["force_unbacked"] = True
         r = await self.engine.request(self.user, "restart", names[0], params)
         if r.ok:
             r = Reply(r.text.replace("Confirm there", "type confirm"), r.ephemeral, r.ok)
@@ -325,6 +342,18 @@ class Terminal:
         if args and op_id is None:
             return
         self.show(await self.engine.cancel(self.user, op_id))
+
+    async def cmd_link(self, args: list[str], rest: str) -> None:
+        if len(args) != 1:
+            self.reply("usage: /link RAY_USER (your Ray job owner name)", ok=False)
+            return
+        self.show(await self.engine.link(self.user, args[0]))
+
+    async def cmd_unlink(self, args: list[str], rest: str) -> None:
+        if len(args) != 1:
+            self.reply("usage: /unlink RAY_USER", ok=False)
+            return
+        self.show(await self.engine.unlink(self.user, args[0]))
 
     async def cmd_as(self, args: list[str], rest: str) -> None:
         if len(args) != 1 or not NAME.match(args[0]):
@@ -626,14 +655,20 @@ async def run(settings: Settings, interactive: bool, console: Console | None = N
                 term.reply(f"internal error: {type(e).__name__}: {e}", ok=False)
         quitting = True
         console.leave_prompt()
-        # The clock stops first, so nothing starts executing while we leave; what executes already
-        # goes on (its lease renews itself) and is waited for.
+        deadline = loop.time() + END_WAIT_S
+        if not interactive:  # a script's last word (say `confirm`) is followed through to the report
+            moving = [o.op_id for o in engine.ops.values() if o.state in MOVING]
+            if moving:
+                note(f"end of script: waiting (at most {END_WAIT_S / 60:.0f} min) for {', '.join(moving)}")
+            await _while_moving(engine, chat, deadline)
+        # The clock stops, so nothing more starts executing while we leave; what executes already
+        # goes on (its lease renews itself) and is waited for, up to its report.
         await engine.close()
         executing = [o.op_id for o in engine.ops.values() if o.state == State.EXECUTING]
-        if executing:
+        if executing and interactive:
             note(f"waiting (at most {END_WAIT_S / 60:.0f} min) for {', '.join(executing)} to finish")
         try:
-            await engine.wait_executing(END_WAIT_S)
+            await engine.wait_executing(max(deadline - loop.time(), 0.0))
         except TimeoutError:
             note("still executing; the next start resumes it")
             code = 1
@@ -651,6 +686,24 @@ async def run(settings: Settings, interactive: bool, console: Console | None = N
         _restore_tty(_SAVED_TTY)
         os._exit(code)  # an operation's thread is still running: do not wait for it
     return code
+
+
+MOVING = (State.GRACE, State.EXECUTING)  # states that end on their own, without anyone's answer
+
+
+async def _while_moving(engine: Engine, chat: TerminalChat, deadline: float) -> None:
+    """Keep the engine's clock running until no operation counts down or executes, or the deadline.
+    Each step of an operation shows in the chat, so each post or edit is a moment to look again."""
+    loop = asyncio.get_running_loop()
+    while any(o.state in MOVING for o in engine.ops.values()):
+        left = deadline - loop.time()
+        if left <= 0:
+            return
+        chat.changed.clear()
+        try:  # bounded: a state change that shows nothing is still seen within a second
+            await asyncio.wait_for(chat.changed.wait(), min(left, 1.0))
+        except TimeoutError:
+            pass
 
 
 def main(settings: Settings) -> None:

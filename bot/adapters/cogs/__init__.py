@@ -1,8 +1,9 @@
 """The Discord bot's command families, one Cog per module, and what they share.
 
 `operations` holds the protocol's commands (/restart, /cancel, /unlock); `readonly` the commands that
-just answer (/status, /jobs). Each Cog gets the engine in its constructor and knows no store, no Ray:
-it turns an interaction into an engine call and the engine's `Reply` into an interaction response.
+just answer (/status, /jobs); `owners` who owns which Ray jobs (/link, /unlink). Each Cog gets the
+engine in its constructor and knows no store, no Ray: it turns an interaction into an engine call and
+the engine's `Reply` into an interaction response.
 
 Shared here: the chat user of an interaction, cluster autocomplete, and answering within Discord's
 3-second deadline (answer at once when the work is quick, else defer and follow up).
@@ -28,8 +29,9 @@ NO_PINGS = discord.AllowedMentions.none()
 
 
 def user_of(who: discord.Member | discord.User) -> User:
-    """The engine's view of a Discord user: id, username, and role names (guild members only)."""
-    roles = [r.name for r in who.roles if not r.is_default()] if isinstance(who, discord.Member) else []
+    """The engine's view of a Discord user: id, username, and role ids (guild members only; rights
+    name roles by id, since anyone who may create a role may give it any name)."""
+    roles = [str(r.id) for r in who.roles if not r.is_default()] if isinstance(who, discord.Member) else []
     return User(id=str(who.id), name=who.name, roles=roles)
 
 

@@ -1,5 +1,9 @@
 """The protocol's commands: /restart (announce, consent, grace, execute), /cancel, /unlock.
 
+/unlock carries Discord's `default_permissions` (administrator), so Discord shows it to admins only
+(a server admin may grant it to a role in the server's Integrations settings); whoever sends it, the
+engine still checks the bot's own admins.
+
 The engine validates and decides everything; these commands only pick the visibility of the answer
 and keep the 3-second deadline. The announcement itself is a channel message the engine posts and
 edits through the bot's `Chat` methods, not an interaction response (tokens die after 15 minutes).
@@ -29,6 +33,7 @@ class Operations(commands.Cog):
         cluster="The cluster to restart",
         preserve_jobs="Back up running and pending jobs and resubmit them after the restart",
         override="Admins only: allow a protected cluster (big-run)",
+        force_unbacked="Admins only: restart even if the head does not answer: jobs are NOT backed up",
     )
     @app_commands.autocomplete(cluster=cluster_choices)
     async def restart(
@@ -37,11 +42,12 @@ class Operations(commands.Cog):
         cluster: str,
         preserve_jobs: bool = True,
         override: bool = False,
+        force_unbacked: bool = False,
     ) -> None:
         # Looking at the cluster's jobs and taking the lock touch Ray and the store: defer first,
         # ephemerally, since every answer here is for the caller (the announcement is the public part).
         await interaction.response.defer(ephemeral=True, thinking=True)
-        params = {"preserve_jobs": preserve_jobs, "override": override}
+        params = {"preserve_jobs": preserve_jobs, "override": override, "force_unbacked": force_unbacked}
         reply = await self.engine.request(user_of(interaction.user), "restart", cluster.strip(), params)
         await send(interaction, reply.text, ephemeral=True)
 
@@ -68,6 +74,7 @@ class Operations(commands.Cog):
         return out[:25]
 
     @app_commands.command(name="unlock", description="Admins: force-unlock a cluster (cancels its operation)")
+    @app_commands.default_permissions(administrator=True)  # shown to Discord admins; the engine decides
     @app_commands.describe(cluster="The cluster whose lock to release")
     @app_commands.autocomplete(cluster=cluster_choices)
     async def unlock(self, interaction: discord.Interaction[Any], cluster: str) -> None:
