@@ -126,3 +126,30 @@ async def test_bob_asks_not_to_resubmit_his_job_and_the_report_says_so(
     assert alices in olds and bobs not in olds and bobs not in running
     last = read_model(engine.store, "locks/local.json", LockRecord)[0]
     assert last.released and last.phase == "executing"
+
+
+async def test_a_restart_run_from_the_cli_shows_in_infra_until_it_is_done(
+    ops_env: Env, cluster: Cluster
+) -> None:
+    from ops.restart import start_restart
+
+    engine = make_engine(ops_env)
+    chat: Recorder = engine.chat  # type: ignore[assignment]
+    await engine.start()
+    try:
+        run = start_restart(engine.store, cluster, "dave", True, Settings(lease_s=3))
+        result = await asyncio.to_thread(run.run)  # dave's terminal, while the bot ticks
+        assert result.step.value == "done"
+        await until(lambda: any(m.text.endswith(": done") for m in chat.posts.values()), timeout=30)
+    finally:
+        await engine.close()
+    posts = [(mid, m) for kind, mid, m in chat.log if kind == "post" and run.record.op_id in m.text]
+    assert len(posts) == 1, chat.log  # one message per operation, edited as it goes
+    mid, first = posts[0]
+    assert "by dave, run outside the bot" in first.text
+    assert chat.text(mid).endswith(": done")
+    assert [kind for kind, m_id, _ in chat.log if m_id == mid][-1] == "edit"
+
+    again = make_engine(ops_env)  # a restarted bot does not post it again
+    await again.tick()
+    assert again.chat.log == []  # type: ignore[attr-defined]

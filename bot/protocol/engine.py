@@ -48,6 +48,23 @@ class Links(BaseModel):
     owners: dict[str, str] = Field(default_factory=dict)  # Ray user -> chat id
 
 
+FOREIGN_KEY = "bot/foreign.json"
+FOREIGN_EVERY_S = 10.0  # how often the locks are read for operations someone else (the CLI) runs
+
+
+class Shown(BaseModel):
+    """An operation the bot did not start, as it shows it in #infra."""
+
+    op_id: str
+    message_id: str
+    text: str
+    ended: bool = False
+
+
+class Foreign(BaseModel):
+    clusters: dict[str, Shown] = Field(default_factory=dict)  # cluster -> the last operation shown
+
+
 class _Alive(BaseModel):
     """When the bot last said it was alive, and how often it says so (a dead bot is silent)."""
 
@@ -141,6 +158,8 @@ class Engine:
         self._tick_lock = asyncio.Lock()  # held during a tick: close() waits for it
         self.alive_s = alive_s
         self._last_alive: datetime | None = None
+        self._last_watch: datetime | None = None
+        self._foreign: Foreign | None = None  # loaded on the first watch
 
     # -- life cycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -531,12 +550,67 @@ class Engine:
                 await asyncio.to_thread(self.store.put, ALIVE_KEY, body)
             except Exception as e:  # the next interval tries again; the windows go on meanwhile
                 log.warning("could not write %s: %s: %s", ALIVE_KEY, type(e).__name__, e)
+        if self._last_watch is None or (now - self._last_watch).total_seconds() >= FOREIGN_EVERY_S:
+            self._last_watch = now
+            try:
+                await self._watch_foreign()
+            except Exception:  # the next watch tries again; the deadlines go on
+                log.exception("could not show the operations run outside the bot")
         for op_id in [o.op_id for o in self.ops.values() if o.state in (State.AWAITING, State.GRACE)]:
             async with self._lock(op_id):
                 op = self.ops[op_id]
                 if op.state in (State.AWAITING, State.GRACE):
                     await self._advance(op)
                     await self._show(self.ops[op_id])
+
+    async def _watch_foreign(self) -> None:
+        """Show in #infra what holds a cluster without the bot (a CLI restart): one message per
+        operation, edited as its step changes, a last edit when its lock goes. What was posted is kept in
+        the store so that a restarted bot does not post it again."""
+        from ops.locks import LockRecord
+        from ops.restart import Step, find_record
+
+        if self._foreign is None:
+            got = await asyncio.to_thread(read_model, self.store, FOREIGN_KEY, Foreign)
+            self._foreign = got[0] if got else Foreign()
+        changed = False
+        for key in await asyncio.to_thread(self.store.list, "locks/"):
+            got = await asyncio.to_thread(read_model, self.store, key, LockRecord)
+            if got is None:
+                continue
+            lock = got[0]
+            shown = self._foreign.clusters.get(lock.cluster)
+            ours = lock.holder == self.holder
+            if not lock.released and not ours:
+                record = await asyncio.to_thread(find_record, self.store, lock.cluster, lock.op_id)
+                step = record.step.value if record else "starting"
+                what = f"{lock.kind} of {lock.cluster} (`{lock.op_id}`) by {lock.owner}"
+                text = f"{what}, run outside the bot: {step}"
+                if record and record.error:
+                    text += f"\nlast error: {record.error}"
+                if shown is None or shown.op_id != lock.op_id:
+                    if shown is not None and not shown.ended:
+                        await self._end_foreign(shown, "ended")
+                    mid = await self.chat.post(Message(text))
+                    self._foreign.clusters[lock.cluster] = Shown(op_id=lock.op_id, message_id=mid, text=text)
+                    changed = True
+                elif text != shown.text:
+                    await self.chat.edit(shown.message_id, Message(text))
+                    shown.text, changed = text, True
+            elif shown is not None and not shown.ended and (lock.released or lock.op_id != shown.op_id):
+                record = await asyncio.to_thread(find_record, self.store, lock.cluster, shown.op_id)
+                end = {Step.DONE: "done", Step.ABANDONED: "abandoned"}.get(
+                    record.step if record else None, "unlocked"
+                )
+                await self._end_foreign(shown, end)
+                changed = True
+        if changed:
+            await asyncio.to_thread(self.store.put, FOREIGN_KEY, dump(self._foreign))
+
+    async def _end_foreign(self, shown: Shown, end: str) -> None:
+        shown.text = shown.text.rsplit(": ", 1)[0].split("\n")[0] + f": {end}"
+        shown.ended = True
+        await self.chat.edit(shown.message_id, Message(shown.text))
 
     async def _advance(self, op: Operation) -> None:
         """Apply the clock to an operation (called under its mutex)."""
