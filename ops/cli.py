@@ -15,7 +15,7 @@ import shlex
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import BaseModel
 
@@ -27,6 +27,9 @@ from ops.registry import Cluster, Registry, load_registry
 from ops.render import render_jobs, render_plan, render_restart, render_status
 from ops.status import cluster_status
 from ops.store import Store, open_store
+
+if TYPE_CHECKING:
+    from ops.restart import RestartResult
 
 
 class _Parser(argparse.ArgumentParser):
@@ -254,10 +257,12 @@ def cmd_restart(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     return _finish(run.run(), out)
 
 
-def _finish(result: Any, out: Out) -> int:
+def _finish(result: RestartResult, out: Out) -> int:
     """Exit 0 only for a restart that is done with every job resubmitted; 1 leaves it to --resume."""
+    from ops.restart import Step
+
     out.result(result, render_restart(result))
-    done = getattr(result.step, "value", result.step) == "done"
+    done = result.step == Step.DONE
     return 0 if done and all(x.status == "submitted" for x in result.resubmitted) else 1
 
 
