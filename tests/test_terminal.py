@@ -244,6 +244,57 @@ def test_bad_input_and_wrong_users_change_nothing(ops_env: Env, cluster: Cluster
     assert current_lock(LocalStore(tmp_path / "store"), "local") is None
 
 
+def test_links_force_unbacked_and_skip_as_terminal_words(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    """/link and /unlink; --force-unbacked for admins only (and kept with the request); `skip` by an
+    owner whose job the restart would stop."""
+    r = chat(
+        ops_env,
+        tmp_path,
+        """\
+        /as carol
+        /link carol-ray          # carol's Ray jobs run as carol-ray
+        /submit sleep 600        # a job of carol's own chat name, for `skip`
+        /unlink carol-ray
+        /restart local --force-unbacked
+        /as admin
+        /restart local --force-unbacked
+        /unlink carol-ray
+        /as carol
+        skip
+        /as admin
+        cancel
+        """,
+    )
+    out = r.out
+    assert r.code == 0, r
+    lines = [line for line in out.splitlines() if line.startswith("[to ")]
+    expected = [
+        "[to carol] ",  # linked
+        "[to carol] submitted ",
+        "[to carol] refused: only an admin can unlink a Ray user",
+        "[to carol] refused: force_unbacked (restart without a backup when the head does not answer) is "
+        "for admins",
+        "[to admin] announced local-",
+        "[to admin] ",  # unlinked
+        "[to carol] OK counted; your 1 job will be backed up but not resubmitted",
+        "[to admin] cancelled local-",
+    ]
+    assert len(lines) == len(expected), out
+    for line, start in zip(lines, expected, strict=True):
+        assert line.startswith(start) and "refused" not in line.replace(start, ""), (line, start, out)
+    assert "carol-ray" in lines[0] and "carol-ray" in lines[5]
+    (op,) = operations(tmp_path).values()
+    assert op.params["force_unbacked"] is True and op.requester.name == "admin"
+    assert op.state == State.CANCELLED
+    assert set(op.skip_resubmit.values()) == {"carol"}
+    api = RayApi(cluster)
+    for j in active_jobs(api):
+        api.stop(j.submission_id)
+    wait_for(lambda: not active_jobs(api), 30, "carol's job stopped")
+
+
 def test_pending_operations_stay_persisted_and_the_next_start_picks_them_up(
     ops_env: Env, cluster: Cluster, tmp_path: Path
 ) -> None:
