@@ -229,12 +229,9 @@ def read_head(
 
 
 def _api(cluster: Cluster, driver: Driver) -> RayApi:
-    """The cluster's Ray API at the address the driver gives now (its registry address when the
-    driver cannot open one: that then reads as unreachable, which is the truth)."""
-    try:
-        return RayApi(cluster, driver.dashboard_url())
-    except OpsError:
-        return RayApi(cluster)
+    """The cluster's Ray API at the address the driver gives now (a tunnel may open). A driver that
+    cannot give one (no cluster config, no SSH key) raises: `ray up` would fail the same way."""
+    return RayApi(cluster, driver.dashboard_url())
 
 
 def plan_restart(
@@ -245,6 +242,7 @@ def plan_restart(
     force_unbacked: bool = False,
     settings: Settings | None = None,
     driver: Driver | None = None,
+    progress: Progress = lambda _: None,
 ) -> RestartPlan:
     """Look before acting: the jobs a restart would stop, whose they are, what can be kept.
 
@@ -253,7 +251,7 @@ def plan_restart(
     settings = settings or Settings()
     driver = driver or driver_for(cluster)
     api = _api(cluster, driver)
-    head = read_head(api, driver, settings, force_unbacked)
+    head = read_head(api, driver, settings, force_unbacked, progress)
     notes = []
     jobs = active_jobs(api) if head == Head.ANSWERS else []
     if head == Head.GONE:

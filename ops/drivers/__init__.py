@@ -36,6 +36,10 @@ class Driver(Protocol):
         """Where this machine reaches the head's dashboard now (opening a tunnel if that is how)."""
         ...
 
+    def close(self) -> None:
+        """Let go of what reaching the head holds open (a tunnel); the cluster itself is untouched."""
+        ...
+
 
 def driver_for(cluster: Cluster) -> Driver:
     if cluster.driver == "local":

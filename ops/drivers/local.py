@@ -162,6 +162,9 @@ class LocalDriver:
     def dashboard_url(self) -> str:
         return self.cluster.dashboard_url
 
+    def close(self) -> None:
+        """Nothing held open: the dashboard is on this machine."""
+
     def start(self) -> str:
         """Start the head and wait until its own node is registered and alive (the dashboard answers
         earlier than that). A head that dies while starting (seen under load: its raylet missed the
