@@ -347,6 +347,15 @@ async def test_an_owner_asks_for_a_delay_to_checkpoint(bot: ClusterBot, world: W
     assert state(bot, op_id) == State.CANCELLED and world.runs == []
 
 
+async def test_an_owner_asks_not_to_resubmit_their_jobs(bot: ClusterBot, world: World) -> None:
+    """A new action of the engine ("skip") is a button like any other: no adapter change."""
+    op_id, ann = await announce(world, bot)
+    text, private = await click(world, "bob", ann, "skip")
+    assert private and text.startswith("OK counted; your 2 jobs will be backed up but not resubmitted"), text
+    assert set(bot.engine.ops[op_id].skip_resubmit.values()) == {"bob"}
+    await slash(world, "alice", "cancel", operation=op_id)
+
+
 async def test_cancel_during_the_grace_countdown(world: World) -> None:
     world.jobs = [job("alice")]  # only her own job: her confirmation suffices
     world.settings.config.windows = FAST.model_copy(update={"grace_s": 30})
