@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from ops.errors import BadInput
 from ops.locks import current_lock
-from ops.store import GcsStore, LocalStore, Store
+from ops.store import Store
 
 FINISHED_STEPS = frozenset({"done", "abandoned"})  # ops.restart.Step
 # bot/protocol/model.py TERMINAL, by value: ops/ does not import the bot.
@@ -78,43 +78,6 @@ def retention_days(given: float | None = None) -> float:
     if days < 0:
         raise BadInput(f"a retention of {days:g} days is negative", "give 0 or more days")
     return days
-
-
-def delete(store: Store, key: str) -> None:
-    """Remove `key`; an absent key counts as deleted (SkyPilot's idempotent teardown).
-
-    Stands in for a `Store.delete(key)` method until the store protocol has one (then this calls it)."""
-    native = getattr(store, "delete", None)
-    if callable(native):
-        native(key)
-    elif isinstance(store, LocalStore):
-        _delete_local(store, key)
-    elif isinstance(store, GcsStore):
-        _delete_gcs(store, key)
-    else:
-        raise TypeError(f"cannot delete from {type(store).__name__}")
-
-
-def _delete_local(store: LocalStore, key: str) -> None:
-    path = store._path(key)
-    path.unlink(missing_ok=True)
-    path.with_name(f".{path.name}.lock").unlink(missing_ok=True)  # the compare-and-set side file
-    parent = path.parent
-    while parent != store.root and parent.is_relative_to(store.root):
-        try:
-            parent.rmdir()  # only when empty: a directory still in use stays
-        except OSError:
-            break
-        parent = parent.parent
-
-
-def _delete_gcs(store: GcsStore, key: str) -> None:
-    from google.api_core.exceptions import NotFound
-
-    try:
-        store._blob(key).delete()
-    except NotFound:
-        pass
 
 
 def prune(
@@ -239,5 +202,5 @@ def _drop(
 ) -> PrunedOp:
     if not dry_run:
         for key in keys:
-            delete(store, key)
+            store.delete(key)
     return PrunedOp(op_id=op_id, cluster=cluster, source=source, finished_at=at, keys=len(keys))

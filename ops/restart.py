@@ -38,7 +38,7 @@ from ops import journal
 from ops.drivers import Driver, driver_for
 from ops.errors import OpsError, Refused
 from ops.jobs import BackedUpJob, Job, active_jobs, owner_of, package_uris, resubmitted_id
-from ops.locks import Lease, LockRecord, acquire, current_lock, take_over
+from ops.locks import Lease, LockRecord, acquire, current_lock, held_refusal, operation_scope, take_over
 from ops.ray_api import RayApi, TokenRefused
 from ops.registry import Cluster
 from ops.store import Store, dump, read_model
@@ -110,7 +110,7 @@ class RestartRecord(BaseModel):
 
     @property
     def scope(self) -> str:
-        return f"operations/{self.cluster}/{self.op_id}"
+        return operation_scope(self.cluster, self.op_id)
 
 
 class RestartPlan(BaseModel):
@@ -176,18 +176,17 @@ def check_unfinished(store: Store, cluster: Cluster) -> None:
     """Refuse to start while another operation (e.g. an unfinished restart) holds the cluster."""
     held = current_lock(store, cluster.name)
     if held is not None:
-        raise Refused(f"{cluster.name} is locked by {held.describe()}", _resume_hint(cluster, held))
+        raise held_refusal(held)
 
 
-def _resume_hint(cluster: Cluster, held: LockRecord) -> str:
-    if held.kind != "restart":
-        return "wait for it to finish"
-    if held.expired():
-        return (
-            f"its process stopped: `python -m ops restart --cluster {cluster.name} --resume` continues "
-            f"it, `--abandon` gives it up"
-        )
-    return f"it is running on {held.host} (pid {held.pid}); wait for it"
+def _no_record(cluster: Cluster, held: LockRecord, what: str) -> Refused:
+    """A lock whose operation never wrote a record (chat waiting for consent, a restart killed
+    between lock and record): nothing to resume or abandon, but a person can always clear it."""
+    return Refused(
+        f"{cluster.name} is locked by {held.describe()}; it has no operation record, so there is nothing "
+        f"to {what}",
+        f"`python -m ops unlock --cluster {cluster.name} --op {held.op_id} --yes` clears the lock",
+    )
 
 
 class Head(StrEnum):
@@ -758,11 +757,8 @@ def resume_restart(
     held = current_lock(store, cluster.name)
     if held is None or held.kind != "restart":
         raise Refused(f"there is no unfinished restart on {cluster.name} to resume")
-    if read_model(store, _record_key(cluster.name, held.op_id), RestartRecord) is None:
-        raise Refused(
-            f"{held.describe()} has not started executing (it waits for consent in chat)",
-            "cancel it in chat, or an admin force-unlocks the cluster",
-        )
+    if find_record(store, cluster.name, held.op_id) is None:
+        raise _no_record(cluster, held, "resume")
     lease = take_over(store, cluster.name, held.op_id, caller, settings.lease_s, holder=holder)
     record, version = load_record(store, cluster.name, held.op_id)
     run = RestartRun(store, cluster, lease, record, version, settings, progress, driver)
@@ -785,6 +781,8 @@ def abandon_restart(store: Store, cluster: Cluster, caller: str, lease_s: float)
     held = current_lock(store, cluster.name)
     if held is None or held.kind != "restart":
         raise Refused(f"there is no unfinished restart on {cluster.name} to abandon")
+    if find_record(store, cluster.name, held.op_id) is None:  # checked first: a refusal changes nothing
+        raise _no_record(cluster, held, "abandon")
     lease = take_over(store, cluster.name, held.op_id, caller, lease_s)
     record, version = load_record(store, cluster.name, held.op_id)
     left = [sid for sid in record.jobs if sid not in record.resubmitted]

@@ -58,7 +58,5 @@ def cluster_status(cluster: Cluster, store: Store) -> StatusReport:
         max_workers=cluster.max_workers,
         jobs=jobs,
         jobs_by_owner=dict(Counter(j.owner_label for j in jobs)),
-        operation=held.describe() + (" (stalled: its lease expired)" if held.expired() else "")
-        if held
-        else None,
+        operation=held.describe() if held else None,  # it says whether its process stopped
     )

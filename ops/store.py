@@ -50,6 +50,9 @@ class Store(Protocol):
     def replace(self, key: str, data: bytes, version: str) -> str: ...
     def put(self, key: str, data: bytes) -> str: ...
     def list(self, prefix: str) -> list[str]: ...
+    def delete(self, key: str) -> None:
+        """Remove `key`; an absent key counts as deleted (pruning is idempotent)."""
+        ...
 
 
 class LocalStore:
@@ -146,6 +149,18 @@ class LocalStore:
             os.replace(self._temp(path, data), path)
         self._sync_dir(path)
         return self._version(data)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        path.with_name(f".{path.name}.lock").unlink(missing_ok=True)  # the compare-and-set side file
+        parent = path.parent
+        while parent != self.root and parent.is_relative_to(self.root):
+            try:
+                parent.rmdir()  # only when empty: a directory still in use stays
+            except OSError:
+                break
+            parent = parent.parent
 
     def list(self, prefix: str) -> list[str]:
         """Keys starting with `prefix` as a string (like a GCS prefix: "a/b" matches "a/bc/d")."""
@@ -291,6 +306,14 @@ class GcsStore:
 
     def put(self, key: str, data: bytes) -> str:
         return self._upload(key, data, None)
+
+    def delete(self, key: str) -> None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            self._blob(key).delete()
+        except NotFound:
+            pass
 
     def list(self, prefix: str) -> list[str]:
         blobs = self._client.list_blobs(self._bucket, prefix=self._prefix + prefix)

@@ -11,7 +11,7 @@ from bot.protocol.model import Operation, State, User
 from ops import journal
 from ops.errors import BadInput
 from ops.locks import acquire, unlock
-from ops.prune import delete, prune, retention_days
+from ops.prune import prune, retention_days
 from ops.restart import RestartRecord, Step
 from ops.store import LocalStore, Store, dump
 from tests.localray import Env
@@ -108,9 +108,9 @@ def test_bot_operations_in_a_terminal_state_go_open_ones_stay(store: Store) -> N
 
 def test_delete_of_an_absent_key_counts_as_deleted(store: Store) -> None:
     store.put("a/b.json", b"1")
-    delete(store, "a/b.json")
-    delete(store, "a/b.json")
-    delete(store, "never/there.json")
+    store.delete("a/b.json")
+    store.delete("a/b.json")
+    store.delete("never/there.json")
     assert store.read("a/b.json") is None and store.list("a/") == []
 
 
@@ -164,7 +164,7 @@ class _GoesAwayAfter:
         if self.left == 0:
             raise OSError("the store went away")
         self.left -= 1
-        delete(self._store, key)
+        self._store.delete(key)
 
 
 def test_a_prune_stopped_half_way_is_finished_by_the_next(store: Store) -> None:
