@@ -46,7 +46,7 @@ async def measure(concurrency: int, rounds: int) -> dict[str, Any]:
             discord_token=fake.token,
             guild_id=fake.guild.id,
             infra_channel_id=fake.guild.channel("infra").id,
-            config=BotConfig(rights=Rights(admin_roles=["infra-admin"])),
+            config=BotConfig(rights=Rights(admin_roles=[str(fake.guild.role("infra-admin").id)])),
             config_path=None,
         )
         t0 = time.perf_counter()

@@ -31,6 +31,9 @@ class Windows(BaseModel):
     delay_choices_min: list[int] = Field(default_factory=lambda: [10, 30])
     max_delay_s: float = 3600.0  # all delays of one operation together
     tick_s: float = 1.0  # how often deadlines are checked
+    # How often the bot notes that it is alive (the downtime check on start compares with it); GCS
+    # takes one write per second per object, and this one is written by every tick that is due.
+    alive_s: float = Field(default=30.0, ge=1.0, le=300.0)
 
 
 class Rights(BaseModel):

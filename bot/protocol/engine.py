@@ -34,7 +34,6 @@ HOLDER = "clusterbot-bot"
 ALIVE_KEY = "bot/alive.json"
 PROGRESS_EVERY_S = 1.0  # at most one write of bot/ops/<op>.json and one edit per this, per operation
 _PATH = re.compile(r"(?<![\w/])(?:[a-z][a-z0-9+.-]*://|/)[^\s,;]+")  # URLs and absolute paths
-ALIVE_EVERY_S = 30.0  # how often the liveness record is written (GCS: one write per second per object)
 
 
 LINKS_KEY = "bot/links.json"
@@ -132,7 +131,6 @@ class Engine:
         restart_settings: RestartSettings | None = None,
         holder: str = HOLDER,
         clock: Clock = utcnow,
-        alive_s: float = ALIVE_EVERY_S,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -156,7 +154,7 @@ class Engine:
         self._flushed_at: dict[str, float] = {}  # monotonic time of the last progress write
         self._ticker: asyncio.Task | None = None
         self._tick_lock = asyncio.Lock()  # held during a tick: close() waits for it
-        self.alive_s = alive_s
+        self.alive_s = config.windows.alive_s
         self._last_alive: datetime | None = None
         self._last_watch: datetime | None = None
         self._foreign: Foreign | None = None  # loaded on the first watch
