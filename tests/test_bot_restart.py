@@ -153,3 +153,32 @@ async def test_a_restart_run_from_the_cli_shows_in_infra_until_it_is_done(
     again = make_engine(ops_env)  # a restarted bot does not post it again
     await again.tick()
     assert again.chat.log == []  # type: ignore[attr-defined]
+
+
+async def test_a_head_that_stops_answering_before_execution_fails_the_restart_and_frees_the_cluster(
+    ops_env: Env, cluster: Cluster
+) -> None:
+    clock = ManualClock()
+    engine = make_engine(ops_env, clock, reach_deadline_s=1)
+    chat: Recorder = engine.chat  # type: ignore[assignment]
+    await engine.start()
+    port = cluster.local_ports.dashboard
+    (dashboard,) = [psutil.Process(c.pid) for c in psutil.net_connections("tcp")
+                    if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid]  # fmt: skip
+    try:
+        r = await engine.request(ALICE, "restart", "local")
+        assert r.ok, r.text
+        (op_id,) = [o.op_id for o in engine.ops.values() if o.open]
+        await engine.act(ALICE, op_id, "confirm")
+        dashboard.send_signal(signal.SIGSTOP)  # between the announcement and the execution
+        clock.advance(WINDOWS.grace_s)
+        await engine.tick()
+        await until(lambda: engine.ops[op_id].state in (State.DONE, State.FAILED), timeout=60)
+    finally:
+        dashboard.send_signal(signal.SIGCONT)
+        await engine.close()
+    assert engine.ops[op_id].state == State.FAILED
+    report = chat.new_posts()[-1]
+    assert "did not answer" in report.text and "not locked by it any more" in report.text
+    assert report.mentions == [ALICE.id]
+    assert current_lock(engine.store, "local") is None

@@ -656,10 +656,15 @@ class Engine:
             if not isinstance(e, OpsError):
                 log.exception("operation %s failed", op.op_id)
             error = str(e) if isinstance(e, OpsError) else f"unexpected error: {type(e).__name__}: {e}"
-            resume = f"`python -m ops restart --cluster {op.cluster} --resume` (or --abandon; backups kept)"
+            held = await asyncio.to_thread(current_lock, self.store, op.cluster)
+            if held is not None and held.op_id == op.op_id:
+                resume = f"`python -m ops restart --cluster {op.cluster} --resume`"
+                left = f"the cluster stays locked for a resume: {resume} (or --abandon; backups kept)"
+            else:  # refused before touching anything: the restart gave the cluster back
+                left = f"{op.cluster} is not locked by it any more"
             report = Message(
                 f"{rules.describe(op)} FAILED (`{op.op_id}`), asked by {self.chat.mention(op.requester.id)}: "
-                f"{error}\nthe cluster stays locked for a resume: {resume}",
+                f"{error}\n{left}",
                 mentions=[op.requester.id],
             )
             await self._finish(op.op_id, State.FAILED, report, error=error)
