@@ -509,6 +509,25 @@ async def test_the_requester_hears_when_someone_else_ends_their_request(driven: 
         assert ping.mentions == ["alice"] and "root force-unlocked local" in ping.text
 
 
+async def test_an_unlock_from_the_cli_ends_the_request_and_tells_the_requester(driven: Fixture) -> None:
+    from ops.locks import unlock
+
+    engine = driven.engine()
+    await engine.request(ALICE, "restart", "local")
+    op_id = next(iter(engine.ops))
+    unlock(driven.store, "local", op_id, "carol")  # `python -m ops unlock --cluster local --op ... --yes`
+    with contextlib.suppress(Exception):
+        engine._leases[op_id].renew()  # the lease's next beat finds the lock gone
+
+    await engine.tick()
+
+    assert engine.ops[op_id].state == State.CANCELLED
+    ping = driven.chat.new_posts()[-1]
+    assert ping.mentions == ["alice"] and "its lock was cleared" in ping.text
+    assert current_lock(driven.store, "local") is None
+    await engine.close()
+
+
 async def test_bob_asks_not_to_resubmit_then_changes_his_mind(driven: Fixture) -> None:
     async with running(driven) as engine:
         await engine.request(ALICE, "restart", "local")

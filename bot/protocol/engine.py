@@ -557,6 +557,16 @@ class Engine:
         for op_id in [o.op_id for o in self.ops.values() if o.state in (State.AWAITING, State.GRACE)]:
             async with self._lock(op_id):
                 op = self.ops[op_id]
+                lease = self._leases.get(op_id)
+                if op.state in (State.AWAITING, State.GRACE) and lease is not None and lease.lost:
+                    # `ops unlock` (or an admin elsewhere) cleared the lock: the operation is over.
+                    op = op.model_copy(
+                        update={"cancelled_by": "an unlock outside the bot (its lock was cleared)"}
+                    )
+                    await self._end(
+                        op, State.CANCELLED, "lock_lost", ping="was cancelled: its lock was cleared"
+                    )
+                    continue
                 if op.state in (State.AWAITING, State.GRACE):
                     await self._advance(op)
                     await self._show(self.ops[op_id])
