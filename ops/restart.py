@@ -460,16 +460,21 @@ class RestartRun:
             raise OpsError(f"the backup of {submission_id} is missing from the store")
         return got[0]
 
+    def _back_up_since(self) -> tuple[Head, dict[str, Any]]:
+        """Before a step that stops something: back up the jobs submitted since the backup (the head
+        read under the unbacked rule), or the record changes of going on without it."""
+        if not self.record.preserve_jobs:
+            return Head.GONE, {}
+        head = self._head()
+        if head == Head.ANSWERS:
+            self._backup_new()
+            return head, {}
+        return head, self._went_on_without(head)
+
     def stop_jobs(self) -> None:
         t = time.monotonic()
-        changes: dict[str, Any] = {}
-        if self.record.preserve_jobs:
-            head = self._head()
-            if head == Head.ANSWERS:
-                self._backup_new()
-            else:
-                changes = self._went_on_without(head)
-        else:  # nothing is kept either way: stop what answers, so that jobs can checkpoint
+        head, changes = self._back_up_since()
+        if not self.record.preserve_jobs:  # nothing is kept either way: stop what answers (checkpoints)
             head = Head.ANSWERS if self.api.reachable() else Head.GONE
         if head == Head.ANSWERS:
             self._stop_active()
@@ -501,13 +506,7 @@ class RestartRun:
     def stop_cluster(self) -> None:
         """The last backup (jobs submitted since the stop), then the cluster goes."""
         t = time.monotonic()
-        changes: dict[str, Any] = {}
-        if self.record.preserve_jobs:
-            head = self._head()
-            if head == Head.ANSWERS:
-                self._backup_new()
-            else:
-                changes = self._went_on_without(head)
+        _, changes = self._back_up_since()
         if changes:
             self._save(**changes)
         self.progress(self.driver.stop())

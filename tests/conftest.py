@@ -2,4 +2,4 @@
 fake-gcs-server with stores on both backends (tests/gcs_emulator.py)."""
 
 from tests.gcs_emulator import gcs_bucket, gcs_server, make_store, store  # noqa: F401
-from tests.localray import cluster, local_cluster, ops_env  # noqa: F401
+from tests.localray import cluster, local_cluster, ops_env, stalled  # noqa: F401

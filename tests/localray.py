@@ -8,9 +8,11 @@ Import the fixtures in a test module with `from tests.localray import local_clus
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -165,6 +167,32 @@ def cluster(local_cluster: Cluster) -> Iterator[Cluster]:
         api = RayApi(local_cluster)
     api.wait_accepting(90)
     yield local_cluster
+
+
+def dashboard_process(cluster: Cluster) -> psutil.Process:
+    """The local head's dashboard process (found by its port)."""
+    port = cluster.local_ports.dashboard
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return psutil.Process(conn.pid)
+    raise AssertionError(f"nothing listens on the dashboard port {port}")
+
+
+def cont(proc: psutil.Process) -> None:
+    """SIGCONT, if the process is still there (a restart may have replaced it)."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        proc.send_signal(signal.SIGCONT)
+
+
+@pytest.fixture
+def stalled(cluster: Cluster) -> Iterator[psutil.Process]:
+    """The dashboard SIGSTOPped: a head that is up but does not answer; SIGCONT always at the end."""
+    proc = dashboard_process(cluster)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        yield proc
+    finally:
+        cont(proc)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.25) -> Any:

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-import pytest
 
 from bot.adapters.recorder import ManualClock, Recorder
 from bot.config import BotConfig, Rights, Windows
@@ -26,7 +24,7 @@ from ops.ray_api import RayApi
 from ops.registry import Cluster, load_registry
 from ops.restart import Settings
 from ops.store import open_store, read_model
-from tests.localray import Env, wait_for
+from tests.localray import Env, dashboard_process, wait_for
 
 ALICE = User(id="1001", name="alice")
 BOB = User(id="1002", name="bob")
@@ -49,20 +47,6 @@ async def until(predicate, timeout: float) -> None:  # noqa: ANN001
         if loop.time() > deadline:
             raise AssertionError("timed out waiting for the engine")
         await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-def stalled(cluster: Cluster) -> Iterator[psutil.Process]:
-    """SIGSTOP the dashboard (a head that is up but does not answer); always SIGCONT at the end."""
-    port = cluster.local_ports.dashboard
-    procs = [psutil.Process(c.pid) for c in psutil.net_connections("tcp")
-             if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid]  # fmt: skip
-    assert procs, f"nothing listens on the dashboard port {port}"
-    procs[0].send_signal(signal.SIGSTOP)
-    try:
-        yield procs[0]
-    finally:
-        procs[0].send_signal(signal.SIGCONT)
 
 
 async def test_a_head_that_does_not_answer_refuses_the_request_unless_an_admin_forces_it(
@@ -162,9 +146,7 @@ async def test_a_head_that_stops_answering_before_execution_fails_the_restart_an
     engine = make_engine(ops_env, clock, reach_deadline_s=1)
     chat: Recorder = engine.chat  # type: ignore[assignment]
     await engine.start()
-    port = cluster.local_ports.dashboard
-    (dashboard,) = [psutil.Process(c.pid) for c in psutil.net_connections("tcp")
-                    if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid]  # fmt: skip
+    dashboard = dashboard_process(cluster)
     try:
         r = await engine.request(ALICE, "restart", "local")
         assert r.ok, r.text

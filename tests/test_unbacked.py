@@ -4,12 +4,11 @@ resubmission that fails, leaves the restart unfinished for `--resume`."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -25,34 +24,8 @@ from ops.ray_api import RayApi
 from ops.registry import DEFAULT_REGISTRY, Cluster, load_registry
 from ops.restart import Settings, Step, find_record, plan_restart, resume_restart, start_restart
 from ops.store import LocalStore, open_store
-from tests.localray import Env, wait_for
+from tests.localray import Env, cont, dashboard_process, wait_for
 from tests.test_restart import check_survived, stage_jobs
-
-
-def _dashboard(cluster: Cluster) -> psutil.Process:
-    """The local head's dashboard process (found by its port)."""
-    port = cluster.local_ports.dashboard
-    for conn in psutil.net_connections("tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
-            return psutil.Process(conn.pid)
-    raise AssertionError(f"nothing listens on the dashboard port {port}")
-
-
-@pytest.fixture
-def stalled(cluster: Cluster) -> Iterator[psutil.Process]:
-    """SIGSTOP the dashboard (a head that is up but does not answer); always SIGCONT at the end."""
-    proc = _dashboard(cluster)
-    proc.send_signal(signal.SIGSTOP)
-    try:
-        yield proc
-    finally:
-        _resume(proc)
-
-
-def _resume(proc: psutil.Process) -> None:
-    """SIGCONT, if the process is still there (a restart may have replaced it)."""
-    with contextlib.suppress(psutil.NoSuchProcess):
-        proc.send_signal(signal.SIGCONT)
 
 
 def _active(cluster: Cluster) -> set[str]:
@@ -84,13 +57,13 @@ def test_a_dashboard_stalled_past_the_deadline_refuses_and_stops_nothing(
     ops_env: Env, cluster: Cluster, tmp_path: Path
 ) -> None:
     ids = stage_jobs(cluster, tmp_path)
-    proc = _dashboard(cluster)
+    proc = dashboard_process(cluster)
     proc.send_signal(signal.SIGSTOP)
     try:
         r = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes",
                         extra_env={"CLUSTERBOT_REACH_DEADLINE_S": "3"})  # fmt: skip
     finally:
-        _resume(proc)
+        cont(proc)
 
     assert r.code == 3, r
     assert "did not answer" in r.err and "is running" in r.err and "--force-unbacked" in r.err
@@ -103,16 +76,16 @@ def test_a_dashboard_stalled_for_a_while_is_waited_for_and_every_job_kept(
     ops_env: Env, cluster: Cluster, tmp_path: Path
 ) -> None:
     ids = stage_jobs(cluster, tmp_path)
-    proc = _dashboard(cluster)
+    proc = dashboard_process(cluster)
     proc.send_signal(signal.SIGSTOP)
-    timer = threading.Timer(8.0, lambda: _resume(proc))
+    timer = threading.Timer(8.0, lambda: cont(proc))
     timer.start()
     try:
         r = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes", "--json",
                         extra_env={"CLUSTERBOT_REACH_DEADLINE_S": "60"})  # fmt: skip
     finally:
         timer.cancel()
-        _resume(proc)
+        cont(proc)
 
     assert r.code == 0, r
     check_survived(cluster, ids)
@@ -124,7 +97,7 @@ def test_a_dashboard_that_stalls_after_the_backup_stops_no_job(ops_env: Env, clu
     jobs are not stopped; the restart is left resumable and a resume keeps every job."""
     ids = stage_jobs(cluster, tmp_path)
     store = open_store()
-    proc = _dashboard(cluster)
+    proc = dashboard_process(cluster)
 
     def progress(line: str) -> None:
         if line.startswith("backed up"):
@@ -135,7 +108,7 @@ def test_a_dashboard_that_stalls_after_the_backup_stops_no_job(ops_env: Env, clu
         with pytest.raises(Refused, match="did not answer"):
             run.run()
     finally:
-        _resume(proc)
+        cont(proc)
 
     record = find_record(store, "local", run.record.op_id)
     assert record is not None and record.step == Step.BACKED_UP
@@ -156,7 +129,7 @@ def test_an_admin_may_force_a_restart_without_backup(
 
     def progress(line: str) -> None:
         if "WITHOUT a backup" in line:
-            _resume(stalled)  # the backup step went on without: later steps find the head again
+            cont(stalled)  # the backup step went on without: later steps find the head again
 
     run = start_restart(store, cluster, "admin", True, settings, progress, force_unbacked=True)
     result = run.run()
@@ -308,7 +281,7 @@ def test_a_resubmission_that_fails_keeps_the_restart_unfinished(
     check_survived(cluster, ids)
 
 
-def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_on_resume(
+def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_oncont(
     ops_env: Env, cluster: Cluster, tmp_path: Path
 ) -> None:
     flag = tmp_path / "input-ready"
