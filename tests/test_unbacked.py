@@ -281,7 +281,7 @@ def test_a_resubmission_that_fails_keeps_the_restart_unfinished(
     check_survived(cluster, ids)
 
 
-def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_oncont(
+def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_on_resume(
     ops_env: Env, cluster: Cluster, tmp_path: Path
 ) -> None:
     flag = tmp_path / "input-ready"
