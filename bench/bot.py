@@ -32,6 +32,7 @@ async def measure(concurrency: int, rounds: int) -> dict[str, Any]:
     t_import = time.perf_counter()
     from bot.adapters.discord_bot import ClusterBot
     from bot.config import BotConfig, Rights, Settings
+    from ops.context import Context
     from ops.registry import load_registry
     from ops.store import LocalStore
     from tests.fakes.discord_api import FakeDiscord, run_bot
@@ -50,7 +51,7 @@ async def measure(concurrency: int, rounds: int) -> dict[str, Any]:
             config_path=None,
         )
         t0 = time.perf_counter()
-        bot = ClusterBot(settings, store=LocalStore(home / "store"), registry=registry,
+        bot = ClusterBot(settings, ctx=Context(LocalStore(home / "store"), registry),
                          connector=fake.connector(), guild_ready_timeout=0.05)  # fmt: skip
         latencies: list[float] = []
         async with run_bot(bot, fake):

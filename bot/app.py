@@ -7,25 +7,22 @@ from collections.abc import Callable
 from bot.config import Settings
 from bot.operations import SPECS
 from bot.protocol.engine import Chat, Engine, Spec
-from ops.registry import Registry, load_registry
+from ops.context import Context
 from ops.restart import Settings as RestartSettings
-from ops.store import Store, open_store
 
 
 def build_engine(
     chat: Chat,
     settings: Settings,
-    registry: Registry | None = None,
-    store: Store | None = None,
+    ctx: Context | None = None,
     owner_to_chat: Callable[[str], str | None] | None = None,
     specs: dict[str, Spec] | None = None,
     restart_settings: RestartSettings | None = None,
 ) -> Engine:
-    """The engine for `chat`: the CLI's store (CLUSTERBOT_STORE) and registry, the bot config's rights,
-    the registered operations (tests pass their own)."""
+    """The engine for `chat`: the CLI's context (store CLUSTERBOT_STORE, registry, drivers) unless
+    given, the bot config's rights, the registered operations (tests pass their own)."""
     return Engine(
-        store or open_store(),
-        registry or load_registry(),
+        ctx or Context(),
         settings.config,
         chat,
         SPECS if specs is None else specs,

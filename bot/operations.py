@@ -19,7 +19,7 @@ def look_restart(engine: Engine, cluster: Cluster, user: User, params: dict[str,
     forces it: the requester hears why, nothing is announced."""
     force = bool(params.get("force_unbacked"))
     preserve = params.get("preserve_jobs", True)
-    plan = plan_restart(engine.store, cluster, user.name, preserve, force, engine.restart_settings)
+    plan = plan_restart(engine.ctx, cluster, user.name, preserve, force, engine.restart_settings)
     return Look(plan.jobs, plan.notes, unbacked=plan.unbacked)
 
 
@@ -36,16 +36,14 @@ def execute_restart(
     if record is not None:
         if lease is not None:
             lease.stop_renewing()
-        run = resume_restart(
-            engine.store, cluster, op.requester.name, settings, progress, holder=engine.holder
-        )
+        run = resume_restart(engine.ctx, cluster, op.requester.name, settings, progress, holder=engine.holder)
     else:
         if lease is None:
             lease = take_over(engine.store, cluster.name, op.op_id, op.requester.name, settings.lease_s,
                               holder=engine.holder)  # fmt: skip
         preserve = bool(op.params.get("preserve_jobs", True))
         run = start_restart(
-            engine.store, cluster, op.requester.name, preserve, settings, progress, lease=lease,
+            engine.ctx, cluster, op.requester.name, preserve, settings, progress, lease=lease,
             force_unbacked=bool(op.params.get("force_unbacked")), skip_resubmit=op.skip_resubmit,
         )  # fmt: skip
     result = run.run()

@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import BaseModel
 
+from ops.context import Context
 from ops.errors import BadInput, ExitCode, OpsError, Refused
 from ops.gcs_reader import adopt_cluster_auth
 from ops.jobs import active_jobs
-from ops.locks import current_lock, holding, unlock
-from ops.registry import Cluster, Registry, load_registry
+from ops.locks import holding, unlock
 from ops.render import render_jobs, render_plan, render_restart, render_status
 from ops.status import cluster_status
-from ops.store import Store, open_store
 
 if TYPE_CHECKING:
     from ops.restart import RestartResult
@@ -69,7 +68,7 @@ class ClusterRow(BaseModel):
     dashboard_url: str
 
 
-def cmd_clusters(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+def cmd_clusters(ctx: Context, args: argparse.Namespace, out: Out) -> int:
     rows = [
         ClusterRow(
             name=c.name,
@@ -81,7 +80,7 @@ def cmd_clusters(reg: Registry, args: argparse.Namespace, out: Out) -> int:
             protected=c.protected,
             dashboard_url=c.dashboard_url,
         )
-        for c in reg.clusters.values()
+        for c in ctx.registry.clusters.values()
     ]
     lines = [f"{'NAME':12} {'RAY CLUSTER':18} {'ZONE':15} {'TPU':12} {'WORKERS':8} NOTE"]
     for r in rows:
@@ -91,19 +90,16 @@ def cmd_clusters(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def cmd_jobs(reg: Registry, args: argparse.Namespace, out: Out) -> int:
-    from ops.ray_api import RayApi
-
-    cluster = reg.get(args.cluster)
-    jobs = active_jobs(RayApi(cluster))
+def cmd_jobs(ctx: Context, args: argparse.Namespace, out: Out) -> int:
+    cluster = ctx.cluster(args.cluster)
+    jobs = active_jobs(ctx.ray(cluster))
     out.result({"cluster": cluster.name, "jobs": [j.model_dump() for j in jobs]}, render_jobs(jobs))
     return 0
 
 
-def cmd_status(reg: Registry, args: argparse.Namespace, out: Out) -> int:
-    names = [args.cluster] if args.cluster else list(reg.clusters)
-    store = open_store()
-    reports = [cluster_status(reg.get(n), store) for n in names]
+def cmd_status(ctx: Context, args: argparse.Namespace, out: Out) -> int:
+    names = [args.cluster] if args.cluster else list(ctx.registry.clusters)
+    reports = [cluster_status(ctx, ctx.cluster(n)) for n in names]
     if len(reports) == 1:
         out.result(reports[0], render_status(reports[0]))
     else:
@@ -118,10 +114,8 @@ class Submitted(BaseModel):
     owner: str
 
 
-def cmd_submit(reg: Registry, args: argparse.Namespace, out: Out) -> int:
-    from ops.ray_api import RayApi
-
-    cluster = reg.get(args.cluster)
+def cmd_submit(ctx: Context, args: argparse.Namespace, out: Out) -> int:
+    cluster = ctx.cluster(args.cluster)
     words = args.entrypoint[1:] if args.entrypoint[:1] == ["--"] else args.entrypoint
     entrypoint = shlex.join(words) if words else ""  # the words as the shell gave them: quote again
     if not entrypoint:
@@ -141,7 +135,7 @@ def cmd_submit(reg: Registry, args: argparse.Namespace, out: Out) -> int:
         except (ValueError, AttributeError):
             raise BadInput("--resources must be a JSON object of numbers", 'e.g. {"TPU": 4}') from None
     try:
-        sid = RayApi(cluster).submit(**kwargs)
+        sid = ctx.ray(cluster).submit(**kwargs)
     except OpsError:
         raise
     except Exception as e:
@@ -151,23 +145,21 @@ def cmd_submit(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def cmd_update_configs(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+def cmd_update_configs(ctx: Context, args: argparse.Namespace, out: Out) -> int:
     from ops.configs import update_configs
     from ops.registry import registry_path
 
-    result = update_configs(reg, check=args.check, infra_dir=registry_path().parent)
+    result = update_configs(ctx.registry, check=args.check, infra_dir=registry_path().parent)
     out.result(result, result.summary())
     return 0 if result.ok else 1
 
 
-def cmd_local(reg: Registry, args: argparse.Namespace, out: Out) -> int:
-    from ops.drivers.local import LocalDriver
-
-    cluster = reg.get(args.cluster)
+def cmd_local(ctx: Context, args: argparse.Namespace, out: Out) -> int:
+    cluster = ctx.cluster(args.cluster)
     if cluster.driver != "local":
         raise BadInput(f"{cluster.name} is not a local cluster", "local clusters: " + ", ".join(
-            c.name for c in reg.clusters.values() if c.driver == "local"))  # fmt: skip
-    driver = LocalDriver(cluster)
+            c.name for c in ctx.registry.clusters.values() if c.driver == "local"))  # fmt: skip
+    driver = ctx.driver(cluster)
     if args.action == "up":
         out.progress(f"starting {cluster.name} (state in {driver.state_dir})")
         text = driver.start()
@@ -197,45 +189,28 @@ def _require_confirmation(yes: bool, question: str) -> None:
         raise Refused("not confirmed; nothing was done")
 
 
-def _check_has_record(store: Store, cluster: Cluster, action: str) -> None:
-    """Refuse --resume/--abandon before touching anything when the lock's operation has no record
-    (announced in chat and never executed, or killed between lock and record): only unlock clears it."""
-    from ops.restart import find_record
-
-    held = current_lock(store, cluster.name)
-    if held is None or held.kind != "restart" or find_record(store, cluster.name, held.op_id) is not None:
-        return
-    raise Refused(
-        f"{cluster.name} is locked by {held.describe()}; it has no operation record (it never started "
-        f"executing), so there is nothing to {action}",
-        f"`python -m ops unlock --cluster {cluster.name} --op {held.op_id} --yes` clears the lock",
-    )
-
-
-def cmd_restart(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+def cmd_restart(ctx: Context, args: argparse.Namespace, out: Out) -> int:
     from ops import restart
 
-    cluster = reg.get(args.cluster)
-    store = open_store()
+    cluster = ctx.cluster(args.cluster)
+    store = ctx.store
     restart.check_protected(cluster, args.override_protected)
     if cluster.gcs_address is not None:  # this process works on this one cluster: read its GCS in-process
         adopt_cluster_auth(cluster.read_token())
     if args.resume and args.abandon:
         raise BadInput("give --resume or --abandon, not both")
     if args.abandon:
-        _check_has_record(store, cluster, "abandon")
-        done = restart.abandon_restart(store, cluster, args.caller, restart.Settings().lease_s)
+        done = restart.abandon_restart(ctx, cluster, args.caller, restart.Settings().lease_s)
         left = f"; not resubmitted: {', '.join(done.not_resubmitted)}" if done.not_resubmitted else ""
         text = f"abandoned {done.op_id} at step {done.step.value}; backups kept in {done.backups}{left}"
         out.result(done, text)
         return 0
     if args.resume:
-        _check_has_record(store, cluster, "resume")
-        run = restart.resume_restart(store, cluster, args.caller, progress=out.progress)
+        run = restart.resume_restart(ctx, cluster, args.caller, progress=out.progress)
         return _finish(run.run(), out)
 
     preserve = args.preserve_jobs == "1"
-    plan = restart.plan_restart(store, cluster, args.caller, preserve, force_unbacked=args.force_unbacked)
+    plan = restart.plan_restart(ctx, cluster, args.caller, preserve, force_unbacked=args.force_unbacked)
     if args.dry_run:
         out.result(
             {"dry_run": True, "plan": plan.model_dump(mode="json")},
@@ -251,7 +226,7 @@ def cmd_restart(reg: Registry, args: argparse.Namespace, out: Out) -> int:
         )
     _require_confirmation(args.yes, f"restart {cluster.name} now?")
     run = restart.start_restart(
-        store, cluster, args.caller, preserve, progress=out.progress, force_unbacked=args.force_unbacked
+        ctx, cluster, args.caller, preserve, progress=out.progress, force_unbacked=args.force_unbacked
     )
     out.progress(f"operation {run.record.op_id} (journal in {store.url}/{run.record.scope})")
     return _finish(run.run(), out)
@@ -273,11 +248,11 @@ class Unlocked(BaseModel):
     record_step: str | None  # the restart record left behind, if any (kept with its backups)
 
 
-def cmd_unlock(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+def cmd_unlock(ctx: Context, args: argparse.Namespace, out: Out) -> int:
     from ops.restart import find_record
 
-    cluster = reg.get(args.cluster)
-    store = open_store()
+    cluster = ctx.cluster(args.cluster)
+    store = ctx.store
     held = holding(store, cluster.name, args.op)  # refuses a free lock or another op's id, before asking
     _require_confirmation(args.yes, f"unlock {cluster.name}, held by {held.describe()}?")
     held = unlock(store, cluster.name, args.op, by=args.caller)
@@ -290,10 +265,10 @@ def cmd_unlock(reg: Registry, args: argparse.Namespace, out: Out) -> int:
     return 0
 
 
-def cmd_prune(reg: Registry, args: argparse.Namespace, out: Out) -> int:
+def cmd_prune(ctx: Context, args: argparse.Namespace, out: Out) -> int:
     from ops.prune import prune, retention_days
 
-    result = prune(open_store(), retention_days(args.retention_days), dry_run=args.dry_run)
+    result = prune(ctx.store, retention_days(args.retention_days), dry_run=args.dry_run)
     out.result(result, result.summary())
     return 0
 
@@ -358,7 +333,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.caller = args.caller or getpass.getuser()
-        return args.fn(load_registry(), args, Out(args.json))
+        ctx = Context()
+        try:
+            return args.fn(ctx, args, Out(args.json))
+        finally:
+            ctx.close()
     except OpsError as e:
         return _fail(e, as_json)
     except KeyboardInterrupt:

@@ -40,7 +40,7 @@ def owners_line(jobs: list[Job]) -> str:
 
 def render_status(s: StatusReport) -> str:
     if not s.head_up:
-        head = "head: DOWN (the dashboard does not answer)"
+        head = f"head: DOWN ({s.note or 'the dashboard does not answer'})"
     else:
         head = "head: up"
     alive = sum(s.workers.values())

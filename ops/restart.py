@@ -35,7 +35,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ops import journal
-from ops.drivers import Driver, driver_for
+from ops.context import Context
+from ops.drivers import Driver
 from ops.errors import OpsError, Refused
 from ops.jobs import BackedUpJob, Job, active_jobs, owner_of, package_uris, resubmitted_id
 from ops.locks import Lease, LockRecord, acquire, current_lock, held_refusal, operation_scope, take_over
@@ -227,29 +228,22 @@ def read_head(
     )
 
 
-def _api(cluster: Cluster, driver: Driver) -> RayApi:
-    """The cluster's Ray API at the address the driver gives now (a tunnel may open). A driver that
-    cannot give one (no cluster config, no SSH key) raises: `ray up` would fail the same way."""
-    return RayApi(cluster, driver.dashboard_url())
-
-
 def plan_restart(
-    store: Store,
+    ctx: Context,
     cluster: Cluster,
     caller: str,
     preserve_jobs: bool,
     force_unbacked: bool = False,
     settings: Settings | None = None,
-    driver: Driver | None = None,
     progress: Progress = lambda _: None,
 ) -> RestartPlan:
     """Look before acting: the jobs a restart would stop, whose they are, what can be kept.
 
     Refused when the head cannot be read and is not known to be gone (unless `force_unbacked`)."""
-    check_unfinished(store, cluster)
+    check_unfinished(ctx.store, cluster)
     settings = settings or Settings()
-    driver = driver or driver_for(cluster)
-    api = _api(cluster, driver)
+    driver = ctx.driver(cluster)
+    api = ctx.ray(cluster)
     head = read_head(api, driver, settings, force_unbacked, progress)
     notes = []
     jobs = active_jobs(api) if head == Head.ANSWERS else []
@@ -279,24 +273,24 @@ class RestartRun:
 
     def __init__(
         self,
-        store: Store,
+        ctx: Context,
         cluster: Cluster,
         lease: Lease,
         record: RestartRecord,
         version: str,
         settings: Settings,
         progress: Progress,
-        driver: Driver | None = None,
     ) -> None:
-        self.store = store
+        self.ctx = ctx
+        self.store = ctx.store
         self.cluster = cluster
         self.lease = lease
         self.record = record
         self._version = version
         self.settings = settings
         self.progress = progress
-        self.driver = driver or driver_for(cluster)
-        self.api = _api(cluster, self.driver)
+        self.driver = ctx.driver(cluster)
+        self.api = ctx.ray(cluster)
 
     # -- record keeping -------------------------------------------------------------------------
     def _save(self, **changes: Any) -> None:
@@ -516,7 +510,7 @@ class RestartRun:
         t = time.monotonic()
         self.progress(self.driver.start())
         timeout = self.settings.head_timeout_s or (120.0 if self.cluster.driver == "local" else 1200.0)
-        self.api = _api(self.cluster, self.driver)  # a new head: maybe a new address
+        self.api = self.ctx.ray(self.cluster)  # a new head: maybe a new address
         self.api.wait_accepting(timeout)
         self.progress("head is accepting jobs")
         # Registered reserved workers are re-added here once add-worker exists (see the issues).
@@ -705,7 +699,7 @@ def _fault_point(name: str) -> None:
 
 
 def start_restart(
-    store: Store,
+    ctx: Context,
     cluster: Cluster,
     caller: str,
     preserve_jobs: bool,
@@ -714,11 +708,11 @@ def start_restart(
     lease: Lease | None = None,
     force_unbacked: bool = False,
     skip_resubmit: dict[str, str] | None = None,
-    driver: Driver | None = None,
 ) -> RestartRun:
     """Take the cluster's lock (or use `lease`, held since the bot announced the restart) and create
     the operation record; `.run()` then executes it. `skip_resubmit`: jobs backed up but not
     resubmitted, each with who asked (jobs that must not run twice)."""
+    store = ctx.store
     settings = settings or Settings()
     if lease is None:
         lease = acquire(store, cluster.name, new_op_id(cluster.name), "restart", caller, settings.lease_s)
@@ -738,20 +732,20 @@ def start_restart(
     except BaseException:
         lease.release()
         raise
-    return RestartRun(store, cluster, lease, record, version, settings, progress, driver)
+    return RestartRun(ctx, cluster, lease, record, version, settings, progress)
 
 
 def resume_restart(
-    store: Store,
+    ctx: Context,
     cluster: Cluster,
     caller: str,
     settings: Settings | None = None,
     progress: Progress = lambda _: None,
     holder: str | None = None,
-    driver: Driver | None = None,
 ) -> RestartRun:
     """Continue the unfinished restart of `cluster` whose process died (its lease expired, or it was
     the same `holder`, e.g. the bot restarted)."""
+    store = ctx.store
     settings = settings or Settings()
     held = current_lock(store, cluster.name)
     if held is None or held.kind != "restart":
@@ -760,7 +754,7 @@ def resume_restart(
         raise _no_record(cluster, held, "resume")
     lease = take_over(store, cluster.name, held.op_id, caller, settings.lease_s, holder=holder)
     record, version = load_record(store, cluster.name, held.op_id)
-    run = RestartRun(store, cluster, lease, record, version, settings, progress, driver)
+    run = RestartRun(ctx, cluster, lease, record, version, settings, progress)
     run._save(resumed_by=record.resumed_by + [caller], error=None)
     journal.append(store, record.scope, "resumed", by=caller, at_step=record.step.value)
     progress(f"resuming {record.op_id} at step {record.step.value}")
@@ -775,8 +769,9 @@ class AbandonResult(BaseModel):
     not_resubmitted: list[str]
 
 
-def abandon_restart(store: Store, cluster: Cluster, caller: str, lease_s: float) -> AbandonResult:
+def abandon_restart(ctx: Context, cluster: Cluster, caller: str, lease_s: float) -> AbandonResult:
     """Give up an unfinished restart whose process died: release the lock, keep every backup."""
+    store = ctx.store
     held = current_lock(store, cluster.name)
     if held is None or held.kind != "restart":
         raise Refused(f"there is no unfinished restart on {cluster.name} to abandon")

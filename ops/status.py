@@ -7,11 +7,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ops.context import Context
+from ops.errors import OpsError
 from ops.jobs import Job, active_jobs
 from ops.locks import current_lock
-from ops.ray_api import RayApi
+from ops.ray_api import Reach
 from ops.registry import Cluster
-from ops.store import Store
 
 
 class StatusReport(BaseModel):
@@ -24,6 +25,7 @@ class StatusReport(BaseModel):
     jobs: list[Job]
     jobs_by_owner: dict[str, int]
     operation: str | None
+    note: str | None = None  # why the head could not be read, when it could not
 
 
 def _worker_type(node: dict[str, Any]) -> str:
@@ -33,12 +35,20 @@ def _worker_type(node: dict[str, Any]) -> str:
     return "cpu"
 
 
-def cluster_status(cluster: Cluster, store: Store) -> StatusReport:
-    api = RayApi(cluster)
-    up = api.reachable()
+def cluster_status(ctx: Context, cluster: Cluster) -> StatusReport:
+    """What a person asks first; read-only, so a head that cannot be read is reported, never raised."""
     workers: Counter[str] = Counter()
     dead = 0
     jobs: list[Job] = []
+    note = None
+    try:
+        api = ctx.ray(cluster)
+        reach, code = api.probe()
+    except OpsError as e:
+        reach, code, note = Reach.UNREACHABLE, None, e.reason
+    up = reach == Reach.OK
+    if reach == Reach.REFUSED:
+        note = api.token_refused(code or 401).reason
     if up:
         for node in api.nodes():
             if node.get("is_head_node"):
@@ -48,7 +58,7 @@ def cluster_status(cluster: Cluster, store: Store) -> StatusReport:
             else:
                 dead += 1
         jobs = active_jobs(api)
-    held = current_lock(store, cluster.name)
+    held = current_lock(ctx.store, cluster.name)
     return StatusReport(
         cluster=cluster.name,
         head_up=up,
@@ -59,4 +69,5 @@ def cluster_status(cluster: Cluster, store: Store) -> StatusReport:
         jobs=jobs,
         jobs_by_owner=dict(Counter(j.owner_label for j in jobs)),
         operation=held.describe() if held else None,  # it says whether its process stopped
+        note=note,
     )

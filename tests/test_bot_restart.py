@@ -18,6 +18,7 @@ from bot.config import BotConfig, Rights, Windows
 from bot.operations import SPECS
 from bot.protocol.engine import Engine
 from bot.protocol.model import State, User
+from ops.context import Context
 from ops.jobs import active_jobs
 from ops.locks import LockRecord, current_lock
 from ops.ray_api import RayApi
@@ -36,7 +37,7 @@ def make_engine(ops_env: Env, clock: ManualClock | None = None, reach_deadline_s
     config = BotConfig(rights=Rights(admin_roles=["infra-admin"]), windows=WINDOWS,
                        owners={"alice": ALICE.id, "bob": BOB.id})  # fmt: skip
     settings = Settings(lease_s=3, reach_deadline_s=reach_deadline_s)
-    return Engine(open_store(), load_registry(ops_env.registry), config, Recorder(), SPECS,
+    return Engine(Context(open_store(), load_registry(ops_env.registry)), config, Recorder(), SPECS,
                   restart_settings=settings, **({"clock": clock} if clock else {}))  # fmt: skip
 
 
@@ -121,7 +122,7 @@ async def test_a_restart_run_from_the_cli_shows_in_infra_until_it_is_done(
     chat: Recorder = engine.chat  # type: ignore[assignment]
     await engine.start()
     try:
-        run = start_restart(engine.store, cluster, "dave", True, Settings(lease_s=3))
+        run = start_restart(engine.ctx, cluster, "dave", True, Settings(lease_s=3))
         result = await asyncio.to_thread(run.run)  # dave's terminal, while the bot ticks
         assert result.step.value == "done"
         await until(lambda: any(m.text.endswith(": done") for m in chat.posts.values()), timeout=30)

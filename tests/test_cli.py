@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from ops import journal
+from ops.context import Context
 from ops.locks import acquire, current_lock
 from ops.registry import REPO_ROOT, Cluster, load_registry
 from ops.restart import Settings, Step, find_record, start_restart
@@ -98,7 +99,7 @@ def test_submit_jobs_and_status_show_owners_and_hide_secrets(ops_env: Env, clust
 
 
 def test_status_shows_an_operation_in_progress(ops_env: Env, cluster: Cluster) -> None:
-    run = start_restart(open_store(), cluster, "frank", True, Settings(lease_s=60))
+    run = start_restart(Context(open_store()), cluster, "frank", True, Settings(lease_s=60))
     try:
         r = ops_env.ops("status", "--cluster", "local")
         assert r.code == 0
@@ -192,7 +193,7 @@ def test_unlock_of_a_stalled_restart_keeps_its_record_and_says_where_the_backups
 ) -> None:
     store, env = own_store
     run = start_restart(
-        store,
+        Context(store),
         load_registry(Path(os.environ["CLUSTERBOT_REGISTRY"])).get("us-east1"),
         "alice",
         True,

@@ -29,6 +29,7 @@ from bot.config import BotConfig, ConfigError, Rights, Settings, Windows
 from bot.protocol.engine import ALIVE_KEY, Look, Outcome, Spec
 from bot.protocol.model import Message, State
 from ops import journal
+from ops.context import Context
 from ops.errors import Refused
 from ops.jobs import Job
 from ops.locks import current_lock
@@ -102,8 +103,7 @@ class World:
     def bot(self) -> ClusterBot:
         return ClusterBot(
             self.settings,
-            store=self.store,
-            registry=self.registry,
+            ctx=Context(self.store, self.registry),
             specs={"restart": self.spec()},
             restart_settings=RestartSettings(lease_s=30),
             connector=self.fake.connector(),
@@ -660,7 +660,7 @@ async def test_real_restart_of_the_local_cluster_with_a_bot_killed_mid_restart(
             child.wait(10)
     assert "stopped" in world.fake.messages_by_id[ann.id].content
 
-    bot = ClusterBot(world.settings, store=open_store(), registry=load_registry(ops_env.registry),
+    bot = ClusterBot(world.settings, ctx=Context(open_store(), load_registry(ops_env.registry)),
                      restart_settings=RestartSettings(lease_s=3, stop_grace_s=3),
                      connector=fake.connector(), guild_ready_timeout=0.05)  # fmt: skip
     async with run_bot(bot, fake):

@@ -23,6 +23,7 @@ from bot.config import BotConfig, Rights, Windows
 from bot.protocol import rules
 from bot.protocol.engine import Engine, Look, Outcome, Spec
 from bot.protocol.model import Affected, Operation, State, User, Vote
+from ops.context import Context
 from ops.jobs import Job
 from ops.locks import current_lock
 from ops.registry import load_registry
@@ -64,7 +65,7 @@ class Fixture:
         return Spec("restart", "full", look=lambda *a: Look(list(self.jobs), []), execute=execute)
 
     def engine(self) -> Engine:
-        return Engine(self.store, self.registry, self.config, self.chat, {"restart": self.spec()},
+        return Engine(Context(self.store, self.registry), self.config, self.chat, {"restart": self.spec()},
                       restart_settings=__import__("ops.restart").restart.Settings(lease_s=30),
                       **({"clock": self.clock} if self.clock else {}))  # fmt: skip
 
@@ -374,7 +375,7 @@ async def test_what_the_look_could_not_see_is_on_the_announcement(tmp_path: Path
     fx = Fixture(tmp_path, [], FAST)
     spec = fx.spec()
     spec.look = lambda *a: Look([], ["the head does not answer: no job can be listed or backed up"])
-    engine = Engine(fx.store, fx.registry, fx.config, fx.chat, {"restart": spec})
+    engine = Engine(Context(fx.store, fx.registry), fx.config, fx.chat, {"restart": spec})
     await engine.request(ALICE, "restart", "local")
     text = fx.chat.new_posts()[0].text
     assert "0 running or pending job(s)" in text and "note: the head does not answer" in text
@@ -404,7 +405,8 @@ async def test_rights_per_command_and_per_cluster(tmp_path: Path) -> None:
 async def test_a_restart_started_from_the_cli_shows_as_holding_the_cluster(fx: Fixture) -> None:
     from ops.restart import Settings, start_restart
 
-    run = start_restart(fx.store, fx.registry.get("local"), "dave", True, Settings(lease_s=30))
+    ctx = Context(fx.store, fx.registry)
+    run = start_restart(ctx, fx.registry.get("local"), "dave", True, Settings(lease_s=30))
     try:
         engine = fx.engine()
         r = await engine.request(ALICE, "restart", "local")
@@ -469,7 +471,7 @@ async def test_a_burst_of_progress_lands_at_most_once_a_second_and_all_of_it(tmp
         return Outcome("all went well", owners=[])
 
     spec.execute = execute
-    engine = Engine(fx.store, fx.registry, fx.config, fx.chat, {"restart": spec})
+    engine = Engine(Context(fx.store, fx.registry), fx.config, fx.chat, {"restart": spec})
     await engine.start()
     try:
         await engine.request(ALICE, "restart", "local")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ops.context import Context
 from ops.jobs import active_jobs
 from ops.locks import current_lock
 from ops.ray_api import RayApi
@@ -128,7 +129,7 @@ def test_a_restart_killed_at_any_step_is_resumed(
 def test_a_resume_is_refused_while_the_restart_is_alive(ops_env: Env, cluster: Cluster) -> None:
     from ops.restart import Settings, start_restart
 
-    run = start_restart(open_store(), cluster, "alice", True, Settings(lease_s=60))
+    run = start_restart(Context(open_store()), cluster, "alice", True, Settings(lease_s=60))
     try:
         r = ops_env.ops("restart", "--cluster", "local", "--as", "bob", "--resume")
         assert r.code == 3, r

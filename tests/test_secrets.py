@@ -20,6 +20,7 @@ from bot.config import BotConfig, Rights, Windows
 from bot.operations import SPECS
 from bot.protocol.engine import Engine
 from bot.protocol.model import State, User
+from ops.context import Context
 from ops.drivers.local import LocalDriver
 from ops.ray_api import RayApi
 from ops.registry import Cluster, load_registry
@@ -66,7 +67,7 @@ async def test_a_bot_driven_restart_leaks_neither_the_bot_token_nor_a_jobs_secre
     )
     chat = Recorder()
     store = open_store()
-    engine = Engine(store, load_registry(ops_env.registry), config, chat, SPECS, clock=clock,
+    engine = Engine(Context(store, load_registry(ops_env.registry)), config, chat, SPECS, clock=clock,
                     restart_settings=Settings(lease_s=3))  # fmt: skip
     await engine.start()
     try:

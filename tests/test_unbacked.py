@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from ops import journal
+from ops.context import Context
 from ops.drivers.gcp import GcpDriver, RunResult
 from ops.errors import OpsError, Refused
 from ops.jobs import active_jobs
@@ -103,7 +104,7 @@ def test_a_dashboard_that_stalls_after_the_backup_stops_no_job(ops_env: Env, clu
         if line.startswith("backed up"):
             proc.send_signal(signal.SIGSTOP)
 
-    run = start_restart(store, cluster, "alice", True, Settings(reach_deadline_s=3), progress)
+    run = start_restart(Context(store), cluster, "alice", True, Settings(reach_deadline_s=3), progress)
     try:
         with pytest.raises(Refused, match="did not answer"):
             run.run()
@@ -114,7 +115,7 @@ def test_a_dashboard_that_stalls_after_the_backup_stops_no_job(ops_env: Env, clu
     assert record is not None and record.step == Step.BACKED_UP
     wait_for(lambda: RayApi(cluster).reachable(), 30, "the dashboard to answer again")
     assert _active(cluster) == set(ids.values())
-    resumed = resume_restart(store, cluster, "alice", Settings()).run()
+    resumed = resume_restart(Context(store), cluster, "alice", Settings()).run()
     assert resumed.step == Step.DONE
     check_survived(cluster, ids)
 
@@ -124,14 +125,14 @@ def test_an_admin_may_force_a_restart_without_backup(
 ) -> None:
     store = open_store()
     settings = Settings(reach_deadline_s=2)
-    plan = plan_restart(store, cluster, "admin", True, force_unbacked=True, settings=settings)
+    plan = plan_restart(Context(store), cluster, "admin", True, force_unbacked=True, settings=settings)
     assert plan.unbacked and plan.jobs == []
 
     def progress(line: str) -> None:
         if "WITHOUT a backup" in line:
             cont(stalled)  # the backup step went on without: later steps find the head again
 
-    run = start_restart(store, cluster, "admin", True, settings, progress, force_unbacked=True)
+    run = start_restart(Context(store), cluster, "admin", True, settings, progress, force_unbacked=True)
     result = run.run()
 
     assert result.step == Step.DONE and result.unbacked
@@ -182,9 +183,10 @@ def test_a_gcp_head_that_exists_but_does_not_answer_is_never_taken_down(
     driver = GcpDriver(gcp_cluster, runner=ray)
     settings = Settings(reach_deadline_s=1)
 
+    ctx = Context(store, driver_factory=lambda _: driver)
     with pytest.raises(Refused, match="is running"):
-        plan_restart(store, gcp_cluster, "alice", True, settings=settings, driver=driver)
-    run = start_restart(store, gcp_cluster, "alice", True, settings, driver=driver)
+        plan_restart(ctx, gcp_cluster, "alice", True, settings=settings)
+    run = start_restart(ctx, gcp_cluster, "alice", True, settings)
     with pytest.raises(Refused):
         run.run()
 
@@ -201,9 +203,10 @@ def test_a_gcp_head_that_does_not_exist_has_nothing_to_back_up(gcp_cluster: Clus
     driver = GcpDriver(gcp_cluster, runner=ray)
     settings = Settings(reach_deadline_s=1, head_timeout_s=1)
 
-    plan = plan_restart(store, gcp_cluster, "alice", True, settings=settings, driver=driver)
+    ctx = Context(store, driver_factory=lambda _: driver)
+    plan = plan_restart(ctx, gcp_cluster, "alice", True, settings=settings)
     assert "not running" in " ".join(plan.notes) and not plan.unbacked
-    run = start_restart(store, gcp_cluster, "alice", True, settings, driver=driver)
+    run = start_restart(ctx, gcp_cluster, "alice", True, settings)
     with pytest.raises(OpsError, match="did not accept a job submission"):
         run.run()  # the fake `ray up` starts no dashboard: the wait for the new head fails
 
@@ -237,13 +240,13 @@ def test_a_head_that_dies_after_the_resubmission_is_not_done(
             killed.set()  # the jobs are on the new head now: it goes down, as seen in CI
             threading.Timer(1.0, lambda: os.kill(_raylet(cluster).pid, signal.SIGKILL)).start()
 
-    run = start_restart(store, cluster, "alice", True, Settings(settle_s=20), progress)
+    run = start_restart(Context(store), cluster, "alice", True, Settings(settle_s=20), progress)
     with pytest.raises(OpsError, match="went down after the jobs were resubmitted"):
         run.run()
 
     record = find_record(store, "local", run.record.op_id)
     assert record.step == Step.CLUSTER_STOPPED and record.resubmitted == {}
-    resumed = resume_restart(store, cluster, "alice", Settings()).run()
+    resumed = resume_restart(Context(store), cluster, "alice", Settings()).run()
     assert resumed.step == Step.DONE
     check_survived(cluster, ids)
 
@@ -295,14 +298,14 @@ def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_on_resume(
         if line.startswith("resubmitted"):
             flag.unlink()  # on the new head, dan's job finds its input gone and exits 1
 
-    run = start_restart(store, cluster, "dan", True, Settings(settle_s=5), progress)
+    run = start_restart(Context(store), cluster, "dan", True, Settings(settle_s=5), progress)
     with pytest.raises(OpsError, match="did not keep running"):
         run.run()
     record = find_record(store, "local", run.record.op_id)
     assert record.step == Step.CLUSTER_STARTED and record.resubmitted[sid].status == "failed"
 
     flag.write_text("")
-    result = resume_restart(store, cluster, "dan", Settings(settle_s=3)).run()
+    result = resume_restart(Context(store), cluster, "dan", Settings(settle_s=3)).run()
 
     assert result.step == Step.DONE
     (again,) = result.resubmitted

@@ -38,10 +38,9 @@ from bot.app import build_engine
 from bot.config import ConfigError, Settings
 from bot.protocol.engine import Spec
 from bot.protocol.model import Message
+from ops.context import Context
 from ops.errors import OpsError
-from ops.registry import Registry
 from ops.restart import Settings as RestartSettings
-from ops.store import Store
 
 log = logging.getLogger("clusterbot.discord")
 
@@ -121,16 +120,15 @@ class ClusterTree(app_commands.CommandTree):
 class ClusterBot(commands.Bot):
     """The bot: the engine's chat in #infra, its slash commands and its buttons.
 
-    Pass the engine's inputs (store, registry, operation specs, restart settings; the defaults are
-    the CLI's store and registry and the registered operations) and discord.py's own options, e.g.
+    Pass the engine's inputs (the context with store and registry, operation specs, restart settings;
+    the defaults are the CLI's context and the registered operations) and discord.py's own options, e.g.
     `connector=` (tests pass the fake Discord's)."""
 
     def __init__(
         self,
         settings: Settings,
         *,
-        store: Store | None = None,
-        registry: Registry | None = None,
+        ctx: Context | None = None,
         specs: dict[str, Spec] | None = None,
         restart_settings: RestartSettings | None = None,
         owner_to_chat: Callable[[str], str | None] | None = None,
@@ -150,7 +148,7 @@ class ClusterBot(commands.Bot):
         self.guild_id: int = settings.guild_id  # type: ignore[assignment]  # checked above
         self.infra_channel_id: int = settings.infra_channel_id  # type: ignore[assignment]
         self.engine = build_engine(
-            self, settings, registry=registry, store=store, owner_to_chat=owner_to_chat, specs=specs,
+            self, settings, ctx=ctx, owner_to_chat=owner_to_chat, specs=specs,
             restart_settings=restart_settings,
         )  # fmt: skip
         self.synced: list[app_commands.AppCommand] = []

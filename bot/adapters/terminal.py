@@ -371,12 +371,10 @@ class Terminal:
         if cluster is None:
             self.reply("the registry has no cluster named local to submit to", ok=False)
             return
-        from ops.ray_api import RayApi
-
         name = self.user.name
 
         def submit() -> str:
-            return RayApi(cluster).submit(entrypoint=rest, metadata={"user": name})
+            return self.engine.ctx.ray(cluster).submit(entrypoint=rest, metadata={"user": name})
 
         try:
             sid = await asyncio.to_thread(submit)
@@ -556,16 +554,15 @@ def _reader(
 
 async def run(settings: Settings, interactive: bool, console: Console | None = None) -> int:
     from bot.app import build_engine
-    from ops.registry import load_registry
-    from ops.store import open_store
+    from ops.context import Context
 
     console = console or Console(interactive=interactive)
 
     def note(text: str) -> None:
         console.block("[clusterbot]", text)
 
-    registry = load_registry()
-    store = open_store()
+    ctx = Context()
+    registry, store = ctx.registry, ctx.store
 
     admin_note = f"admins and rights: from {settings.config_path}"
     if settings.config_path is None:
@@ -576,12 +573,10 @@ async def run(settings: Settings, interactive: bool, console: Console | None = N
 
     local = registry.clusters.get("local")
     if local is not None:
-        from ops.drivers.local import LocalDriver
         from ops.locks import current_lock
-        from ops.ray_api import RayApi
         from ops.restart import find_record
 
-        driver = LocalDriver(local)
+        driver = ctx.driver(local)
         held = await asyncio.to_thread(current_lock, store, local.name)
         restarting = held is not None and held.kind == "restart"
         if restarting and await asyncio.to_thread(find_record, store, local.name, held.op_id) is None:
@@ -594,7 +589,7 @@ async def run(settings: Settings, interactive: bool, console: Console | None = N
             note("starting the local Ray cluster (about 10 s)...")
             try:
                 note(await asyncio.to_thread(driver.start))
-                await asyncio.to_thread(RayApi(local).wait_accepting, 90)
+                await asyncio.to_thread(ctx.ray(local).wait_accepting, 90)
             except OpsError as e:
                 note(f"could not start the local cluster: {e}")
                 return 1
@@ -602,7 +597,7 @@ async def run(settings: Settings, interactive: bool, console: Console | None = N
         note("the registry has no cluster named local: /submit is off")
 
     chat = TerminalChat(console)
-    engine = build_engine(chat, settings, registry=registry, store=store, owner_to_chat=lambda o: o)
+    engine = build_engine(chat, settings, ctx=ctx, owner_to_chat=lambda o: o)
     await engine.start()
     chat.start_ids_after([op.message_id for op in engine.ops.values()])
     term = Terminal(engine, console, settings, _login_name(), admin_note)

@@ -23,11 +23,12 @@ from bot.config import BotConfig
 from bot.protocol import rules
 from bot.protocol.model import TERMINAL, Affected, Message, Operation, Reply, State, User
 from ops import journal
+from ops.context import Context
 from ops.errors import OpsError
 from ops.locks import Lease, acquire, current_lock, force_unlock, take_over
-from ops.registry import Cluster, Registry
+from ops.registry import Cluster
 from ops.restart import Settings as RestartSettings
-from ops.store import Conflict, Store, dump, read_model
+from ops.store import Conflict, dump, read_model
 
 log = logging.getLogger("clusterbot")
 HOLDER = "clusterbot-bot"
@@ -122,8 +123,7 @@ class Spec:
 class Engine:
     def __init__(
         self,
-        store: Store,
-        registry: Registry,
+        ctx: Context,
         config: BotConfig,
         chat: Chat,
         specs: dict[str, Spec],
@@ -132,8 +132,9 @@ class Engine:
         holder: str = HOLDER,
         clock: Clock = utcnow,
     ) -> None:
-        self.store = store
-        self.registry = registry
+        self.ctx = ctx  # the one place clients come from: store, registry, drivers, Ray APIs
+        self.store = ctx.store
+        self.registry = ctx.registry
         self.config = config
         self.windows = config.windows
         self.chat = chat
@@ -506,13 +507,12 @@ class Engine:
         if bad:
             return Reply(f"unknown cluster {bad[0]!r}; valid: {', '.join(self.registry.clusters)}", ok=False)
         reports = await asyncio.gather(
-            *(asyncio.to_thread(cluster_status, self.registry.clusters[n], self.store) for n in names)
+            *(asyncio.to_thread(cluster_status, self.ctx, self.registry.clusters[n]) for n in names)
         )
         return Reply("\n\n".join(render_status(r) for r in reports), ephemeral=False)
 
     async def jobs(self, cluster_name: str) -> Reply:
         from ops.jobs import active_jobs
-        from ops.ray_api import RayApi
         from ops.render import render_jobs
 
         if cluster_name not in self.registry.clusters:
@@ -520,7 +520,8 @@ class Engine:
                 f"unknown cluster {cluster_name!r}; valid: {', '.join(self.registry.clusters)}", ok=False
             )
         try:
-            jobs = await asyncio.to_thread(lambda: active_jobs(RayApi(self.registry.clusters[cluster_name])))
+            cluster = self.registry.clusters[cluster_name]
+            jobs = await asyncio.to_thread(lambda: active_jobs(self.ctx.ray(cluster)))
         except OpsError as e:
             return Reply(str(e), ok=False)
         return Reply(f"{cluster_name}:\n" + render_jobs(jobs), ephemeral=False)
