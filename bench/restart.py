@@ -41,7 +41,17 @@ from typing import Any
 
 import yaml
 
-from bench.restart_jobs import OWNERS, PACKAGE_KIB, dashboard_only, job_spec, make_workdirs, outcome, tag_of
+from bench.restart_jobs import (
+    OWNERS,
+    PACKAGE_KIB,
+    dashboard_only,
+    has_resources,
+    job_infos,
+    job_spec,
+    make_workdirs,
+    outcome,
+    tag_of,
+)
 
 # Below Linux's ephemeral range (32768-60999), clear of the local default (6379, 8265, 10001,
 # 11365-11368, workers 20000-20999), the GCP tunnels (8266-8272) and the test fixture's blocks
@@ -124,16 +134,25 @@ def active_details(api: Any) -> list[Any]:
 
 
 def ensure_jobs(cluster: Any, n: int, timeout: float, workdirs: dict[str, Path]) -> list[Any]:
-    """Submit whichever of the n benchmark jobs is not active, then wait until all n are RUNNING."""
+    """Submit whichever of the n benchmark jobs is not active, or active without its entrypoint
+    resources (a bare restart drops them: stopped first), then wait until all n are RUNNING."""
     from ops.ray_api import RayApi
 
     api = RayApi(cluster)
+    deadline = time.monotonic() + timeout
+    infos = job_infos(cluster)
+    degraded = [d.submission_id for d in active_details(api) if not has_resources(infos.get(d.submission_id))]
+    for sid in degraded:
+        api.stop(sid)
+    while {d.submission_id for d in active_details(api)} & set(degraded):
+        if time.monotonic() > deadline:
+            raise BenchError(f"jobs without their resources still active after {timeout:.0f}s: {degraded}")
+        time.sleep(0.5)
     present = {tag_of(d) for d in active_details(api)}
     for i in range(n):
         if f"j{i:02d}" not in present:
             api.submit(**job_spec(i, workdirs))
     wanted = {f"j{i:02d}" for i in range(n)}
-    deadline = time.monotonic() + timeout
     while True:
         details = [d for d in active_details(api) if tag_of(d) in wanted]
         running = {tag_of(d) for d in details if _status(d) == "RUNNING"}
@@ -332,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             for variant in order:
                 t = time.monotonic()
                 before = ensure_jobs(cluster, args.jobs, READY_TIMEOUT_S, workdirs)
-                infos = (RayApi(cluster).snapshot(via_job=False) or {}).get("infos") or {}
+                infos = job_infos(cluster)
                 say(f"run {i + 1} {variant}: {len(before)} jobs RUNNING after {time.monotonic() - t:.1f}s")
                 loads.append(os.getloadavg()[0])
                 fig = variants[variant]()

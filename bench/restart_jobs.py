@@ -52,6 +52,11 @@ def job_spec(i: int, workdirs: dict[str, Path]) -> dict[str, Any]:
     return spec
 
 
+def has_resources(info: dict[str, Any] | None) -> bool:
+    """Whether a JobInfo carries the benchmark jobs' entrypoint resources."""
+    return info is not None and all(info.get(k) == v for k, v in RESOURCES.items())
+
+
 def tag_of(d: Any) -> str | None:
     return (d.metadata or {}).get(TAG)
 
@@ -87,13 +92,12 @@ def outcome(
     while any(_status(d) == "PENDING" for _, d in pairs) and time.monotonic() < deadline:
         time.sleep(1.0)
         pairs = descendants()
-    infos = (api.snapshot(via_job=False) or {}).get("infos") or {}
+    infos = job_infos(cluster)
     running = {old.submission_id: d for old, d in pairs if _status(d) == "RUNNING"}
     faithful = sum(
-        all(
-            infos.get(d.submission_id, {}).get(f) == infos_before.get(old_id, {}).get(f)
-            for f in RESOURCE_FIELDS
-        )
+        old_id in infos_before
+        and d.submission_id in infos
+        and all(infos[d.submission_id].get(f) == infos_before[old_id].get(f) for f in RESOURCE_FIELDS)
         for old_id, d in running.items()
     )
     owner_kept = sum(
@@ -101,6 +105,18 @@ def outcome(
         for old_id, d in running.items()
     )
     return {"running": len(running), "faithful": faithful, "owner_kept": owner_kept}
+
+
+def job_infos(cluster: Cluster, tries: int = 3) -> dict[str, Any]:
+    """Every job's JobInfo, from the GCS port (the benchmark's process has adopted the cluster's auth)."""
+    from ops.ray_api import RayApi
+
+    for _ in range(tries):
+        snap = RayApi(cluster).snapshot(via_job=False)
+        if snap is not None and snap.get("infos") is not None:
+            return snap["infos"]
+        time.sleep(1.0)
+    raise RuntimeError(f"the {cluster.name} GCS could not be read {tries} times in a row")
 
 
 def dashboard_only(cluster: Cluster) -> Cluster:

@@ -106,7 +106,7 @@ def submit_snapshot_job(api: RayApi, hold_s: float) -> str:
     code = base64.b64encode(Path(gcs_snapshot.__file__).read_bytes()).decode()
     entrypoint = (
         f"python -c \"import base64; exec(base64.b64decode('{code}'))\" - {MAX_PACKAGE_BYTES_VIA_JOB} "
-        f"{hold_s:.0f}"
+        f"{max(hold_s, 1):.0f}"
     )
     sid = f"{SNAPSHOT_PREFIX}{uuid.uuid4().hex[:12]}"
     try:
