@@ -168,12 +168,13 @@ def clusterbot_restart(cluster: Any, store: Any) -> dict[str, Any]:
     """The library's restart, timed as a whole; phases from the operation record's `durations`.
     The process has adopted the cluster's auth, as `python -m ops restart` does, so the GCS is read
     in-process."""
+    from ops.context import Context
     from ops.restart import Step, start_restart
 
     events: list[tuple[float, str]] = []
     t0 = time.monotonic()
     run = start_restart(
-        store, cluster, "bench", preserve_jobs=True,
+        Context(store), cluster, "bench", preserve_jobs=True,
         progress=lambda msg: events.append((round(time.monotonic() - t0, 2), msg)),
     )  # fmt: skip
     result = run.run()
