@@ -19,11 +19,12 @@ from enum import StrEnum
 from typing import Any
 
 from ops.errors import BadInput, OpsError
-from ops.gcs_reader import read_gcs, read_via_job
+from ops.gcs_reader import SNAPSHOT_PREFIX, read_gcs, read_via_job
 from ops.registry import Cluster
 
 HTTP_TIMEOUT_S = 10.0
-PROBE_PREFIX = "clusterbot-probe-"  # readiness probes: never shown as jobs
+PROBE_PREFIX = "clusterbot-probe-"  # readiness probes and snapshot jobs: never shown as jobs
+assert SNAPSHOT_PREFIX.startswith(PROBE_PREFIX), "snapshot jobs must be hidden from job lists"
 
 
 class Reach(StrEnum):
