@@ -1,0 +1,116 @@
+"""Shared reads (ops/shared_reads.py): fifty people asking for the same cluster at once cause one read
+of it; a failed read is shared by those who waited on it and never kept; a result lives ttl_s."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ops.registry import Cluster
+from ops.shared_reads import SharedReads
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_fifty_threads_asking_while_a_read_is_slow_share_it() -> None:
+    reads = SharedReads(ttl_s=1.0)
+    release = threading.Event()
+    entered = threading.Event()
+
+    def slow_read() -> list[str]:
+        entered.set()
+        assert release.wait(10), "the test never released the read"
+        return ["bob's job"]
+
+    with ThreadPoolExecutor(50) as pool:
+        futures = [pool.submit(reads.get, ("jobs", "local"), slow_read) for _ in range(50)]
+        assert entered.wait(10)
+        release.set()
+        results = [f.result(timeout=10) for f in futures]
+    assert reads.calls == 1
+    assert all(r is results[0] for r in results)
+
+
+def test_a_result_is_kept_ttl_s_then_read_again_and_keys_are_apart() -> None:
+    clock = Clock()
+    reads = SharedReads(ttl_s=1.0, clock=clock)
+    n = iter(range(100))
+    assert reads.get("a", lambda: next(n)) == 0
+    clock.now += 0.9
+    assert reads.get("a", lambda: next(n)) == 0
+    assert reads.get("b", lambda: next(n)) == 1  # another key reads on its own
+    clock.now += 0.2
+    assert reads.get("a", lambda: next(n)) == 2
+    reads.forget("a")
+    assert reads.get("a", lambda: next(n)) == 3
+    assert reads.calls == 4
+
+
+def test_a_failed_read_reaches_every_waiter_and_is_not_kept() -> None:
+    reads = SharedReads(ttl_s=60.0)
+    release = threading.Event()
+    entered = threading.Event()
+
+    def failing() -> None:
+        entered.set()
+        assert release.wait(10)
+        raise TimeoutError("dashboard of local did not answer in 10 s")
+
+    with ThreadPoolExecutor(10) as pool:
+        futures = [pool.submit(reads.get, "local", failing) for _ in range(10)]
+        assert entered.wait(10)
+        release.set()
+        errors = [f.exception(timeout=10) for f in futures]
+    assert all(isinstance(e, TimeoutError) for e in errors)
+    assert reads.calls == 1
+    assert reads.get("local", lambda: "read again") == "read again"
+
+
+async def test_coroutines_share_one_read_and_a_cancelled_waiter_does_not_cancel_it() -> None:
+    reads = SharedReads(ttl_s=1.0)
+    release = asyncio.Event()
+
+    async def slow_read(cluster: str) -> str:
+        await release.wait()
+        return f"{cluster}: 2 jobs"
+
+    waiters = [asyncio.ensure_future(reads.aget(("status", "local"), slow_read, "local")) for _ in range(50)]
+    await asyncio.sleep(0)
+    waiters[0].cancel()
+    release.set()
+    done = await asyncio.wait_for(asyncio.gather(*waiters[1:]), 5)
+    assert done == ["local: 2 jobs"] * 49 and reads.calls == 1
+    assert await reads.aget(("status", "local"), slow_read, "local") == "local: 2 jobs"  # kept
+    assert reads.calls == 1
+
+
+def test_fifty_jobs_reads_of_the_local_cluster_make_one_dashboard_call(cluster: Cluster) -> None:
+    from ops.context import Context
+    from ops.jobs import active_jobs
+
+    ctx = Context()
+    reads = SharedReads(ttl_s=5.0)
+    made = []
+
+    def read() -> list:
+        made.append(1)
+        return active_jobs(ctx.ray(cluster))
+
+    with ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(lambda _: reads.get(("jobs", cluster.name), read), range(50)))
+    assert len(made) == 1 and reads.calls == 1
+    assert all(r == results[0] for r in results)
+
+
+def test_ttl_must_not_be_negative() -> None:
+    with pytest.raises(ValueError):
+        SharedReads(ttl_s=-1)
