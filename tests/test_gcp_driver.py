@@ -334,7 +334,7 @@ def which_head(url: str) -> str:
 
 
 def driver_tunnel_alive(driver: GcpDriver) -> bool:
-    from ops.drivers.gcp import _tunnels
+    from ops.drivers.tunnel import tunnels as _tunnels
 
     tunnel = _tunnels.get(driver.cluster.tunnel_port or -1)
     return tunnel is not None and tunnel.alive()

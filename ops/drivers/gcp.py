@@ -60,7 +60,6 @@ which `ray[default]` does not pull in; a failure for that reason gets a hint say
 
 from __future__ import annotations
 
-import atexit
 import ipaddress
 import logging
 import os
@@ -68,8 +67,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -79,6 +76,16 @@ from typing import Protocol
 
 import yaml
 
+from ops.drivers.tunnel import (
+    DEFAULT_TUNNEL_OPEN_TIMEOUT_S,
+    TAIL_LINES,
+    Tunnel,
+    answers,
+    clip,
+    close_tunnel,
+    port_lock,
+    tunnels,
+)
 from ops.errors import OpsError
 from ops.registry import REPO_ROOT, Cluster, clusterbot_home
 
@@ -92,20 +99,8 @@ DEFAULT_DOWN_TIMEOUT_S = 60 * 60.0
 DEFAULT_PROBE_TIMEOUT_S = 3.0
 # The head's dashboard port: the template's `ray start --head --dashboard-host=0.0.0.0` keeps Ray's default.
 HEAD_DASHBOARD_PORT = 8265
-# `ray dashboard` imports Ray, bootstraps the config (GCP API calls unless cached) and opens SSH.
-DEFAULT_TUNNEL_OPEN_TIMEOUT_S = 60.0
-TUNNEL_STOP_GRACE_S = 5.0
-# What `ray dashboard`, its GCP provider and its ssh need from our environment; nothing else reaches it
-# (never a token of ours). SSH_AUTH_SOCK for a key held by an agent; Google credentials for the provider.
-TUNNEL_ENV = (
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "SSH_AUTH_SOCK",
-    "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "CLOUDSDK_CORE_PROJECT",
-    "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy",
-)  # fmt: skip
 # Ray 2.60 (`_get_running_head_node`) warns so before it says "not found" about a head that exists.
 _NOT_UP_TO_DATE = re.compile(r"Head node \(.*\) is in state ")
-TAIL_LINES = 12
-_MAX_LINE = 240
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE", re.IGNORECASE)
 _MIN_SECRET_LEN = 6
 
@@ -173,126 +168,6 @@ def default_ray_bin() -> str:
     """The `ray` of the environment clusterbot runs in (same Ray as the cluster image), else PATH's."""
     here = Path(sys.executable).parent / "ray"
     return str(here) if here.is_file() else "ray"
-
-
-class Tunnel:
-    """One `ray dashboard` process forwarding a local port to a head's dashboard over SSH.
-
-    It runs in its own process group: the port is held by its `ssh -L` child, so ending the tunnel
-    means ending the group. Ray's ssh options include `ExitOnForwardFailure=yes` and keep-alives, so
-    the process exits when the port is taken or the head VM is gone; `dashboard_url` then opens a new one.
-    """
-
-    def __init__(self, argv: list[str], url: str, log_path: Path) -> None:
-        self.argv = argv
-        self.url = url
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def open(self, timeout: float, probe_timeout: float) -> bool:
-        """Start the process; True once the port answers, False when it exits first or `timeout` passed.
-
-        Raises OSError when the program cannot be started."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log_file:
-            self.proc = subprocess.Popen(
-                self.argv,
-                cwd=REPO_ROOT,
-                env=tunnel_env(),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        end = time.monotonic() + timeout
-        while not answers(self.url, probe_timeout):
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                self.proc.wait(timeout=min(0.1, left))  # returns at once when the tunnel gives up
-                return False
-            except subprocess.TimeoutExpired:
-                pass
-        return True
-
-    def close(self, grace: float = TUNNEL_STOP_GRACE_S) -> None:
-        """SIGTERM the tunnel's process group, SIGKILL it after `grace`; wait for the process."""
-        if self.proc is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)  # also after the leader exited: its ssh child may live on
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                continue
-            if sig == signal.SIGTERM:
-                try:  # the leader is gone; a child that ignored SIGTERM still holds the group
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            return
-
-    def output_tail(self) -> str:
-        try:
-            lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
-        except OSError:
-            return ""
-        return "\n".join(_clip(line) for line in lines[-TAIL_LINES:])
-
-
-# One tunnel per local port in this process, whichever driver object opened it: a port can hold one.
-_tunnels: dict[int, Tunnel] = {}
-_port_locks: dict[int, threading.Lock] = {}
-_registry_lock = threading.Lock()
-
-
-def _port_lock(port: int) -> threading.Lock:
-    with _registry_lock:
-        return _port_locks.setdefault(port, threading.Lock())
-
-
-def close_tunnel(port: int) -> None:
-    """End the tunnel this process keeps on `port`, if any."""
-    with _port_lock(port):
-        tunnel = _tunnels.pop(port, None)
-        if tunnel is not None:
-            tunnel.close()
-
-
-@atexit.register
-def close_all_tunnels() -> None:
-    """Every tunnel this process opened ends with it (a CLI run, the bot's exit)."""
-    for port in list(_tunnels):
-        close_tunnel(port)
-
-
-def tunnel_env() -> dict[str, str]:
-    """The tunnel's environment: the variables of TUNNEL_ENV that are set here, never ours wholesale."""
-    return {k: os.environ[k] for k in TUNNEL_ENV if k in os.environ}
-
-
-def answers(url: str, timeout: float) -> bool:
-    """Whether an HTTP server answers `GET <url>/api/version` at all (any status: a refused token is
-    still a dashboard at the end of the tunnel). Never through an environment proxy."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url.rstrip("/") + "/api/version", timeout=timeout):
-            return True
-    except urllib.error.HTTPError:
-        return True
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 class GcpDriver:
@@ -420,8 +295,8 @@ class GcpDriver:
         url = self.cluster.dashboard_url.rstrip("/")
         port = self.cluster.tunnel_port
         assert port is not None  # the registry checks that a tunnel's URL has a local port
-        with _port_lock(port):
-            tunnel = _tunnels.get(port)
+        with port_lock(port):
+            tunnel = tunnels.get(port)
             if tunnel is not None:
                 # Alive is enough: a head whose dashboard does not answer yet (or any more) would not
                 # answer through a new tunnel either, and ssh's keep-alives end one whose VM is gone.
@@ -429,13 +304,13 @@ class GcpDriver:
                     return url
                 log.info("%s: the dashboard tunnel on port %d ended; reopening it", self.cluster.name, port)
                 tunnel.close()
-                del _tunnels[port]
+                del tunnels[port]
             elif answers(url, self.probe_timeout_s):
                 log.info("%s: port %d answers (a tunnel this process did not open)", self.cluster.name, port)
                 return url
             tunnel = self._open_tunnel(url, port)
             if tunnel.alive():
-                _tunnels[port] = tunnel
+                tunnels[port] = tunnel
             else:
                 tunnel.close()  # its ssh child may have outlived it
         return url
@@ -571,7 +446,7 @@ class GcpDriver:
         lines = [line.rstrip() for line in _redact(output, self._secrets()).splitlines() if line.strip()]
         if not lines:
             return "the command printed nothing"
-        tail = [_clip(line) for line in lines[-TAIL_LINES:]]
+        tail = [clip(line) for line in lines[-TAIL_LINES:]]
         hint = f"last {len(tail)} lines of its output:\n" + "\n".join(tail)
         if "googleapiclient" in output:
             hint += "\nRay's GCP provider needs `pip install google-api-python-client` where `ray` runs"
@@ -597,10 +472,6 @@ def _redact(text: str, secrets: list[str]) -> str:
     for value in secrets:
         text = text.replace(value, "***")
     return text
-
-
-def _clip(line: str) -> str:
-    return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 3] + "..."
 
 
 def _relative(path: Path) -> str:
