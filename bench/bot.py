@@ -1,114 +1,322 @@
-"""Benchmark of the Discord bot: interaction acknowledgement latency under 50 concurrent slash
-commands, start-up time, and idle memory.
+"""Benchmark of the Discord bot: how fast each command and button click is answered under a burst of
+50 concurrent interactions, against a minimal discord.py bot in the same run, idle and loaded; start-up
+time and idle memory.
 
-The real bot (discord.py + the engine) runs against the fake Discord on 127.0.0.1 (tests/fakes), in
-this process. The commands are a mix of `/status` and `/jobs` over the registry's clusters and
-`/restart` requests; the GCP clusters' heads are not reachable from here, so the work after each
-acknowledgement is a bounded probe in a thread: what is measured is what Discord measures, the time
-from the interaction to its first callback (the 3-second deadline).
+Three processes per bot, as in production: the fake Discord (bench/fake_discord_proc.py), which
+dispatches the interactions and times their answers; the bot (bench/bot_proc.py: clusterbot, or the
+reference bench/minimal_bot.py that answers everything at once with a fixed text); and this
+coordinator. Figures per interaction kind, each `--rounds` bursts of `--concurrency` users:
+- `/status`, `/status local`, `/jobs local`: `ack`, the time to the first callback (Discord's 3-second
+  deadline; clusterbot defers, then fills the message), and `seen`, the time until the answer shows;
+- clicks on an announcement (user0's `/restart local`, jobs of user1 and user2 running there): OK,
+  Delay, Confirm; for a click what matters is `seen`, the time until the clicker reads the answer.
+Loaded: a CPU burner process per core during the bursts. The `local` cluster is started here on
+ports of its own (PORTS) with a private home, store and registry copy, and stopped at the end.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import json
 import os
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psutil
+import yaml
+
+# Below Linux's ephemeral range, clear of the local default (6379, 8265, 10001, 11365-11368, workers
+# 20000-20999), the restart bench (11100-11106, 11400-11999) and the tests (12000-32499).
+PORTS = {
+    "gcs": 11200,
+    "dashboard": 11201,
+    "dashboard_agent_listen": 11202,
+    "dashboard_agent_grpc": 11203,
+    "metrics_export": 11204,
+    "runtime_env_agent": 11205,
+    "ray_client_server": 11206,
+    "min_worker": 11210,
+    "max_worker": 11360,
+}
+BOTS = ("minimal", "clusterbot")
+COMMANDS = {  # label -> (slash command, options)
+    "/status": ("status", {}),
+    "/status local": ("status", {"cluster": "local"}),
+    "/jobs local": ("jobs", {"cluster": "local"}),
+}
+CLICKS = {"click OK": "ok", "click Delay": "delay", "click Confirm": "confirm"}  # Confirm last: it consents
+OWNERS = ("user1", "user2")  # own a running job on local each; user0 asks for the restart
+TARGET_MS, TARGET_RATIO = 200.0, 1.5
+REPLY_TIMEOUT_S = 120.0  # for one answer of the fake Discord (a burst waits <= 10 s per interaction)
 
 
-def _rss_mib() -> float:
-    return psutil.Process().memory_info().rss / 2**20
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
-async def measure(concurrency: int, rounds: int) -> dict[str, Any]:
-    rss_before = _rss_mib()
-    t_import = time.perf_counter()
-    from bot.adapters.discord_bot import ClusterBot
-    from bot.config import BotConfig, Rights, Settings
-    from ops.context import Context
-    from ops.registry import load_registry
-    from ops.store import LocalStore
-    from tests.fakes.discord_api import FakeDiscord, run_bot
+# -- isolation and the local cluster -----------------------------------------------------------------------
+def isolate(home: Path) -> None:
+    """Point this process and its children at a private home, store and registry copy."""
+    from ops.registry import DEFAULT_REGISTRY
 
-    import_s = time.perf_counter() - t_import
-    people = [f"user{i}" for i in range(concurrency)]
-    home = Path(tempfile.mkdtemp(prefix="cb-bench-bot-"))
-    registry = load_registry()
-    clusters = list(registry.clusters)
-    async with FakeDiscord(users=people, roles={"infra-admin": 0}) as fake:
-        settings = Settings(
-            discord_token=fake.token,
-            guild_id=fake.guild.id,
-            infra_channel_id=fake.guild.channel("infra").id,
-            config=BotConfig(rights=Rights(admin_roles=[str(fake.guild.role("infra-admin").id)])),
-            config_path=None,
-        )
-        t0 = time.perf_counter()
-        bot = ClusterBot(settings, ctx=Context(LocalStore(home / "store"), registry),
-                         connector=fake.connector(), guild_ready_timeout=0.05)  # fmt: skip
-        latencies: list[float] = []
-        async with run_bot(bot, fake):
-            startup_s = time.perf_counter() - t0
-            await asyncio.sleep(2.0)
-            rss_idle = _rss_mib()
-            for r in range(rounds):
-                handles = []
-                for i, user in enumerate(people):
-                    cluster = clusters[(i + r) % len(clusters)]
-                    kind = ("status", "jobs", "restart")[i % 3]
-                    options = {"cluster": cluster}
-                    handles.append(fake.slash(user, kind, options, channel="infra"))
-                started = await asyncio.gather(*handles)
-                replies = await asyncio.gather(*(h.response(timeout=10) for h in started))
-                latencies += [rep.latency for rep in replies]
-                await asyncio.sleep(0.5)
-            # let the work behind the acknowledgements finish before closing
-            await asyncio.sleep(3.0)
-    lat = sorted(latencies)
-    return {
-        "concurrency": concurrency,
-        "rounds": rounds,
-        "interactions": len(lat),
-        "ack_p50_ms": 1000 * statistics.median(lat),
-        "ack_p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-        "ack_max_ms": 1000 * lat[-1],
-        "over_3s": sum(1 for x in lat if x >= 3.0),
-        "startup_s": startup_s,
-        "import_s": import_s,
-        "rss_process_before_import_mib": rss_before,
-        "rss_idle_mib": rss_idle,
-    }
+    raw = yaml.safe_load(DEFAULT_REGISTRY.read_text())
+    raw["clusters"]["local"]["local_ports"] = PORTS
+    raw["clusters"]["local"]["dashboard_url"] = f"http://127.0.0.1:{PORTS['dashboard']}"
+    registry = home / "clusters.yaml"
+    registry.write_text(yaml.safe_dump(raw, sort_keys=False))
+    for key in list(os.environ):
+        if key.startswith(("RAY_AUTH", "CLUSTERBOT_", "DISCORD_")) or key == "RAY_ADDRESS":
+            del os.environ[key]
+    os.environ.update(
+        CLUSTERBOT_HOME=str(home),
+        CLUSTERBOT_REGISTRY=str(registry),
+        CLUSTERBOT_STORE=str(home / "store"),
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        RAY_USAGE_STATS_ENABLED="0",
+    )
 
 
-def render(fig: dict[str, Any]) -> str:
-    return "\n".join([
-        f"bot benchmark: {fig['rounds']} round(s) of {fig['concurrency']} concurrent slash commands "
-        f"({fig['interactions']} interactions) through the fake Discord",
-        f"  acknowledgement latency  p50 {fig['ack_p50_ms']:.0f} ms   p99 {fig['ack_p99_ms']:.0f} ms   "
-        f"max {fig['ack_max_ms']:.0f} ms   (target p99 <= 200 ms; {fig['over_3s']} over Discord's 3 s)",
-        f"  start-up: imports {fig['import_s']:.2f} s, then constructor to ready (commands synced, engine "
-        f"started) {fig['startup_s']:.2f} s",
-        f"  idle RSS of the process (bot + fake Discord)  {fig['rss_idle_mib']:.0f} MiB "
-        f"(interpreter before importing the bot: {fig['rss_process_before_import_mib']:.0f} MiB)",
-    ])  # fmt: skip
+def owners_jobs(cluster: Any) -> None:
+    """A long job of each of OWNERS on the cluster, so that a restart announcement asks them."""
+    from ops.jobs import active_jobs
+    from ops.ray_api import RayApi
+
+    api = RayApi(cluster)
+    api.wait_accepting(120)
+    have = {j.owner for j in active_jobs(api)}
+    for owner in OWNERS:
+        if owner not in have:
+            api.submit(entrypoint="sleep 3600", metadata={"user": owner})
+
+
+# -- processes ---------------------------------------------------------------------------------------------
+class Proc:
+    """A child process spoken to in JSON lines; ended by its pid when done."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.started = time.perf_counter()
+        pipe = subprocess.PIPE
+        self.p = subprocess.Popen([sys.executable, "-m", *args], stdin=pipe, stdout=pipe, text=True, env=env)
+
+    def line(self, timeout: float = REPLY_TIMEOUT_S) -> dict[str, Any]:
+        out: IO[str] = self.p.stdout  # type: ignore[assignment]
+        with _alarm(timeout):
+            text = out.readline()
+        if not text:
+            raise RuntimeError(f"{self.p.args[2]} exited ({self.p.wait(5)}) without answering")
+        return json.loads(text)
+
+    def ask(self, req: dict[str, Any], timeout: float = REPLY_TIMEOUT_S) -> dict[str, Any]:
+        self.p.stdin.write(json.dumps(req) + "\n")  # type: ignore[union-attr]
+        self.p.stdin.flush()  # type: ignore[union-attr]
+        got = self.line(timeout)
+        if "error" in got:
+            raise RuntimeError(f"fake Discord: {got['error']}")
+        return got
+
+    def end(self) -> None:
+        with contextlib.suppress(OSError):
+            self.p.stdin.close()  # type: ignore[union-attr]  # the bot closes itself on EOF
+        try:
+            self.p.wait(15)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait(5)
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    def fire(*_: Any) -> None:
+        raise TimeoutError(f"no answer within {seconds:.0f} s")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@contextlib.contextmanager
+def burners(on: bool) -> Iterator[None]:
+    """One busy-looping process per core while on (the loaded measurement)."""
+    procs = [] if not on else [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                                for _ in range(os.cpu_count() or 2)]  # fmt: skip
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(5)
+
+
+# -- one bot ------------------------------------------------------------------------------------------
+def measure_bot(which: str, concurrency: int, rounds: int, loaded: bool) -> dict[str, Any]:
+    users = [f"user{i}" for i in range(concurrency)]
+    fake = Proc(["bench.fake_discord_proc", *users])
+    bot: Proc | None = None
+    try:
+        coords = fake.line()
+        bot_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        bot = Proc(["bench.bot_proc", which, json.dumps(coords)], env=bot_env)
+        times = bot.line()
+        startup_wall = time.perf_counter() - bot.started
+        fake.ask({"op": "connected"})
+        time.sleep(2.0)  # idle: what a bot holds when nobody asks
+        rss = psutil.Process(bot.p.pid).memory_info().rss / 2**20
+        out: dict[str, Any] = {"startup_wall_s": startup_wall, **times, "rss_idle_mib": rss, "kinds": {}}
+        with burners(loaded):
+            for label, (name, options) in COMMANDS.items():
+                out["kinds"][label] = run_bursts(fake, rounds, users, name=name, options=options)
+            fake.ask({"op": "burst", "users": ["user0"], "name": "restart", "options": {"cluster": "local"}})
+            found = fake.ask({"op": "buttons"})
+            if not found["message_id"]:
+                raise RuntimeError(f"{which}: /restart local posted no announcement with buttons")
+            by_action = {cid.split(":")[1]: cid for cid in found["custom_ids"]}
+            for label, action in CLICKS.items():
+                click = {"message_id": found["message_id"], "custom_id": by_action[action]}
+                out["kinds"][label] = run_bursts(fake, rounds, users, **click)
+            if "cancel" in by_action:  # before the grace ends: the benchmark restarts nothing
+                fake.ask({"op": "burst", "users": ["user0"], "message_id": found["message_id"],
+                          "custom_id": by_action["cancel"]})  # fmt: skip
+        out["rss_after_mib"] = psutil.Process(bot.p.pid).memory_info().rss / 2**20
+        return out
+    finally:
+        if bot is not None:
+            bot.end()
+        fake.end()
+
+
+def run_bursts(fake: Proc, rounds: int, users: list[str], **req: Any) -> dict[str, Any]:
+    ack: list[float] = []
+    seen: list[float] = []
+    failed = 0
+    for _ in range(rounds):
+        got = fake.ask({"op": "burst", "users": users, **req})["results"]
+        for r in got:
+            if r.get("ack") is None or r.get("seen") is None:
+                failed += 1
+            else:
+                ack.append(r["ack"])
+                seen.append(r["seen"])
+        time.sleep(0.5)
+    return {"ack": _pct(ack), "seen": _pct(seen), "failed": failed, "n": len(ack) + failed}
+
+
+def _pct(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None}
+    s = sorted(xs)
+    p99 = s[min(len(s) - 1, int(0.99 * len(s)))]
+    return {"p50_ms": 1000 * statistics.median(s), "p99_ms": 1000 * p99, "max_ms": 1000 * s[-1]}
+
+
+# -- the run ------------------------------------------------------------------------------------------
+def measure(concurrency: int, rounds: int, loads: list[str]) -> dict[str, Any]:
+    figures: dict[str, Any] = {"concurrency": concurrency, "rounds": rounds, "runs": {}}
+    for load in loads:
+        for which in BOTS:
+            say(f"{load}: {which} bot, {rounds} x {concurrency} of each interaction")
+            figures["runs"][f"{load}/{which}"] = measure_bot(which, concurrency, rounds, load == "loaded")
+            figures["runs"][f"{load}/{which}"]["load_1min"] = os.getloadavg()[0]
+    return figures
+
+
+def verdicts(figures: dict[str, Any]) -> list[str]:
+    """Kinds over the target: p99 (ack, and seen for clicks) <= 200 ms and <= 1.5x the minimal bot's."""
+    bad = []
+    for load in ("idle", "loaded"):
+        cb, ref = figures["runs"].get(f"{load}/clusterbot"), figures["runs"].get(f"{load}/minimal")
+        if not cb or not ref:
+            continue
+        for kind, fig in cb["kinds"].items():
+            metric = "seen" if kind.startswith("click") else "ack"
+            mine, theirs = fig[metric]["p99_ms"], ref["kinds"][kind][metric]["p99_ms"]
+            if mine is None or fig["failed"]:
+                bad.append(f"{load} {kind}: {fig['failed']} unanswered")
+            elif mine > TARGET_MS or (theirs and mine > TARGET_RATIO * theirs):
+                bad.append(f"{load} {kind}: {metric} p99 {mine:.0f} ms (minimal bot {theirs:.0f} ms)")
+    return bad
+
+
+def render(figures: dict[str, Any]) -> str:
+    c, r = figures["concurrency"], figures["rounds"]
+    lines = [f"bot benchmark: {r} burst(s) of {c} concurrent interactions per kind, clusterbot against a "
+             "minimal discord.py bot, through a fake Discord in its own process"]  # fmt: skip
+    for load in ("idle", "loaded"):
+        cb, ref = figures["runs"].get(f"{load}/clusterbot"), figures["runs"].get(f"{load}/minimal")
+        if not cb or not ref:
+            continue
+        lines.append(f"  {load} (load average {cb['load_1min']:.1f}):  p50 / p99 ms, clusterbot | minimal, "
+                     "ratio of p99s")  # fmt: skip
+        for kind, fig in cb["kinds"].items():
+            for metric in ("ack", "seen"):
+                mine, theirs = fig[metric], ref["kinds"][kind][metric]
+                if mine["p99_ms"] is None or theirs["p99_ms"] is None:
+                    lines.append(f"    {kind:<15} {metric:<4}  unanswered: {fig['failed']}")
+                    continue
+                ratio = mine["p99_ms"] / theirs["p99_ms"]
+                lines.append(f"    {kind:<15} {metric:<4} {mine['p50_ms']:5.0f} / {mine['p99_ms']:5.0f}  |  "
+                             f"{theirs['p50_ms']:5.0f} / {theirs['p99_ms']:5.0f}   x{ratio:.2f}"
+                             + (f"   ({fig['failed']} unanswered)" if fig["failed"] else ""))  # fmt: skip
+    for which in BOTS:
+        fig = figures["runs"].get(f"idle/{which}")
+        if fig:
+            lines.append(
+                f"  {which}: start-up {fig['startup_wall_s']:.2f} s from launch to ready (imports "
+                f"{fig['import_s']:.2f} s, constructor to ready {fig['startup_s']:.2f} s); RSS idle "
+                f"{fig['rss_idle_mib']:.0f} MiB, after the bursts {fig['rss_after_mib']:.0f} MiB"
+            )
+    bad = verdicts(figures)
+    target = f"target: p99 <= {TARGET_MS:.0f} ms and <= {TARGET_RATIO}x the minimal bot's (clicks: seen)"
+    lines.append(f"  {target}: " + ("met" if not bad else "MISSED: " + "; ".join(bad)))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench bot", description=__doc__.splitlines()[0])
     p.add_argument("--concurrency", type=int, default=50)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--json-out")
+    p.add_argument("--loads", default="idle,loaded", help="comma-separated, of idle, loaded")
+    p.add_argument("--json-out", type=Path)
     args = p.parse_args(argv)
-    os.environ.setdefault("CLUSTERBOT_HOME", tempfile.mkdtemp(prefix="cb-bench-home-"))
-    fig = asyncio.run(measure(args.concurrency, args.rounds))
-    print(render(fig))
+    loads = [x.strip() for x in args.loads.split(",") if x.strip()]
+    if args.concurrency < 3 or args.rounds < 1 or not loads or set(loads) - {"idle", "loaded"}:
+        p.error("--concurrency >= 3, --rounds >= 1, --loads of idle, loaded")
+    home = Path(tempfile.mkdtemp(prefix="cb-bench-bot-"))
+    isolate(home)
+    from ops.drivers.local import LocalDriver
+    from ops.registry import load_registry
+
+    cluster = load_registry().get("local")
+    driver = LocalDriver(cluster)
+    code = 0
+    try:
+        say(f"isolated home {home}; starting the local cluster on 127.0.0.1:{PORTS['dashboard']}")
+        driver.start()
+        owners_jobs(cluster)
+        figures = measure(args.concurrency, args.rounds, loads)
+    except Exception as e:
+        say(f"benchmark failed: {type(e).__name__}: {e}")
+        figures, code = None, 1
+    finally:
+        say(driver.stop())
+        if not driver._our_processes():
+            shutil.rmtree(driver.temp_dir, ignore_errors=True)
+            shutil.rmtree(home, ignore_errors=True)
+    if figures is None:
+        return code
+    print(render(figures))
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(fig, indent=1))
-    return 0
+        args.json_out.write_text(json.dumps(figures, indent=1) + "\n")
+    return 0 if not verdicts(figures) else 1
