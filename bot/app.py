@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bot.config import Settings
-from bot.operations import SPECS
+from bot.operations import registered
 from bot.protocol.engine import Chat, Engine, Spec
 from ops.context import Context
 from ops.restart import Settings as RestartSettings
@@ -20,12 +20,12 @@ def build_engine(
     restart_settings: RestartSettings | None = None,
 ) -> Engine:
     """The engine for `chat`: the CLI's context (store CLUSTERBOT_STORE, registry, drivers) unless
-    given, the bot config's rights, the registered operations (tests pass their own)."""
+    given, the bot config's rights, the registered operations (with `restart_settings`, else the
+    CLUSTERBOT_* defaults) unless `specs` are given (tests pass their own)."""
     return Engine(
         ctx or Context(),
         settings.config,
         chat,
-        SPECS if specs is None else specs,
+        registered(restart_settings) if specs is None else specs,
         owner_to_chat=owner_to_chat,
-        restart_settings=restart_settings,
     )

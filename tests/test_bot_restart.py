@@ -15,7 +15,7 @@ import psutil
 
 from bot.adapters.recorder import ManualClock, Recorder
 from bot.config import BotConfig, Rights, Windows
-from bot.operations import SPECS
+from bot.operations import registered
 from bot.protocol.engine import Engine
 from bot.protocol.model import State, User
 from ops.context import Context
@@ -37,8 +37,8 @@ def make_engine(ops_env: Env, clock: ManualClock | None = None, reach_deadline_s
     config = BotConfig(rights=Rights(admin_roles=["infra-admin"]), windows=WINDOWS,
                        owners={"alice": ALICE.id, "bob": BOB.id})  # fmt: skip
     settings = Settings(lease_s=3, reach_deadline_s=reach_deadline_s)
-    return Engine(Context(open_store(), load_registry(ops_env.registry)), config, Recorder(), SPECS,
-                  restart_settings=settings, **({"clock": clock} if clock else {}))  # fmt: skip
+    ctx = Context(open_store(), load_registry(ops_env.registry))
+    return Engine(ctx, config, Recorder(), registered(settings), **({"clock": clock} if clock else {}))
 
 
 async def until(predicate, timeout: float) -> None:  # noqa: ANN001

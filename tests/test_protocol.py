@@ -3,15 +3,18 @@
 Windows are driven: the engine's clock is a ManualClock the test moves (15-minute windows pass in no
 time); a few stories run on the real clock end to end.
 
-The operation here is a registered test operation whose `look` reports a fixed set of jobs and whose
-`execute` counts its runs; the engine around it (lock, store, journal, timers) is the real one. The
-real restart through the engine is in test_bot_restart.py.
+The operation here is the restart's spec (parameters, texts) with a `look` that reports a fixed set of
+jobs and an `execute` that counts its runs; the engine around it (lock, store, journal, timers) is the
+real one. The real restart through the engine is in test_bot_restart.py. Operations declared only here
+(an announce-only one on no cluster, a full-ceremony one on a cluster) show that an operation is a
+plug-in: the engine, the rules and the adapters know none by name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +23,7 @@ import pytest
 
 from bot.adapters.recorder import ManualClock, Recorder
 from bot.config import BotConfig, Rights, Windows
+from bot.operations import restart
 from bot.protocol import rules
 from bot.protocol.engine import Engine, Look, Outcome, Spec
 from bot.protocol.model import Affected, Operation, State, User, Vote
@@ -27,6 +31,7 @@ from ops.context import Context
 from ops.jobs import Job
 from ops.locks import current_lock
 from ops.registry import load_registry
+from ops.restart import Settings
 from ops.store import LocalStore
 
 ALICE = User(id="alice", name="alice")
@@ -62,11 +67,12 @@ class Fixture:
                 lease.release()
             return Outcome("all went well", owners=[j.owner for j in self.jobs if j.owner])
 
-        return Spec("restart", "full", look=lambda *a: Look(list(self.jobs), []), execute=execute)
+        look = lambda *a: Look(list(self.jobs), [])  # noqa: E731
+        return dataclasses.replace(restart.spec(Settings(lease_s=30)), look=look, execute=execute)
 
-    def engine(self) -> Engine:
-        return Engine(Context(self.store, self.registry), self.config, self.chat, {"restart": self.spec()},
-                      restart_settings=__import__("ops.restart").restart.Settings(lease_s=30),
+    def engine(self, specs: dict[str, Spec] | None = None) -> Engine:
+        ctx = Context(self.store, self.registry)
+        return Engine(ctx, self.config, self.chat, specs or {"restart": self.spec()},
                       **({"clock": self.clock} if self.clock else {}))  # fmt: skip
 
 

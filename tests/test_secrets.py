@@ -17,7 +17,7 @@ import pytest
 
 from bot.adapters.recorder import ManualClock, Recorder
 from bot.config import BotConfig, Rights, Windows
-from bot.operations import SPECS
+from bot.operations import registered
 from bot.protocol.engine import Engine
 from bot.protocol.model import State, User
 from ops.context import Context
@@ -67,8 +67,8 @@ async def test_a_bot_driven_restart_leaks_neither_the_bot_token_nor_a_jobs_secre
     )
     chat = Recorder()
     store = open_store()
-    engine = Engine(Context(store, load_registry(ops_env.registry)), config, chat, SPECS, clock=clock,
-                    restart_settings=Settings(lease_s=3))  # fmt: skip
+    ctx = Context(store, load_registry(ops_env.registry))
+    engine = Engine(ctx, config, chat, registered(Settings(lease_s=3)), clock=clock)
     await engine.start()
     try:
         r = await engine.request(ALICE, "restart", "local")

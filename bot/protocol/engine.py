@@ -11,24 +11,41 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from bot.config import BotConfig
 from bot.protocol import rules
-from bot.protocol.model import TERMINAL, Affected, Message, Operation, Reply, State, User
+from bot.protocol.model import (
+    PLAIN,
+    TERMINAL,
+    Affected,
+    Button,
+    Look,
+    Message,
+    Operation,
+    Outcome,
+    Outside,
+    Params,
+    Reply,
+    Spec,
+    State,
+    Texts,
+    User,
+    admin_only,
+)
 from ops import journal
 from ops.context import Context
 from ops.errors import OpsError
 from ops.locks import Lease, acquire, current_lock, force_unlock, take_over
-from ops.registry import Cluster
-from ops.restart import Settings as RestartSettings
 from ops.store import Conflict, dump, read_model
+
+__all__ = ["Chat", "Engine", "Look", "Outcome", "Spec"]  # the plug-in's types live in model.py
 
 log = logging.getLogger("clusterbot")
 HOLDER = "clusterbot-bot"
@@ -56,6 +73,7 @@ class Shown(BaseModel):
     """An operation the bot did not start, as it shows it in #infra."""
 
     op_id: str
+    kind: str = "restart"  # records written before kinds were kept showed restarts only
     message_id: str
     text: str
     ended: bool = False
@@ -76,6 +94,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def new_op_id(scope: str) -> str:
+    """A new operation's id: its cluster (or, without one, its kind), the UTC time, a random suffix."""
+    return f"{scope}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
+
+
 Clock = Callable[[], datetime]  # aware UTC now: the windows' time (tests drive it; real time otherwise)
 
 
@@ -91,33 +114,11 @@ class Chat(Protocol):
         ...
 
 
-@dataclass
-class Outcome:
-    text: str
-    owners: list[str]  # Ray job owners to notify
-
-
-@dataclass
-class Look:
-    """What an operation would affect, seen before acting: the jobs, and notes for the announcement
-    (e.g. that the head does not answer, so the jobs are unknown)."""
-
-    jobs: list[Any]
-    notes: list[str]
-    unbacked: bool = False  # the head does not answer and an admin forced it: nothing will be backed up
-
-
-@dataclass
-class Spec:
-    """One kind of operation: its ceremony, how to look before acting, and its ops call.
-
-    `look` and `execute` are sync (they call ops) and run in a thread. `look` says what the
-    operation would affect; `execute` runs it holding `lease` and reports progress lines."""
-
-    kind: str
-    ceremony: Literal["full", "announce"]
-    look: Callable[[Engine, Cluster, User, dict[str, Any]], Look]
-    execute: Callable[[Engine, Operation, Lease | None, Callable[[str], None]], Outcome]
+def _bad_params(kind: str, model: type[Params], error: ValidationError) -> str:
+    """Which parameters were wrong and which exist, in one line."""
+    wrong = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'parameters'}: {e['msg']}" for e in error.errors())
+    valid = ", ".join(model.model_fields) or "none"
+    return f"bad parameters for /{kind}: {wrong} (parameters: {valid})"
 
 
 class Engine:
@@ -128,7 +129,6 @@ class Engine:
         chat: Chat,
         specs: dict[str, Spec],
         owner_to_chat: Callable[[str], str | None] | None = None,
-        restart_settings: RestartSettings | None = None,
         holder: str = HOLDER,
         clock: Clock = utcnow,
     ) -> None:
@@ -141,7 +141,6 @@ class Engine:
         self.specs = specs
         self._owner_map = owner_to_chat or config.owners.get
         self._links: dict[str, str] = {}  # Ray job owner -> chat id, linked by the people themselves
-        self.restart_settings = restart_settings or RestartSettings()
         self.holder = holder
         self.clock = clock
         self.ops: dict[str, Operation] = {}
@@ -246,11 +245,12 @@ class Engine:
             return Reply(f"linked: you are asked about the Ray jobs of {ray_user}")
         return Reply("the links changed on every try; try again", ok=False)
 
-    def _allowed(self, user: User, kind: str, cluster: str) -> str | None:
+    def _allowed(self, user: User, kind: str, cluster: str | None) -> str | None:
         if self.is_admin(user):
             return None
         r = self.config.rights
-        for scope, roles in (("command", r.commands.get(kind)), ("cluster", r.clusters.get(cluster))):
+        on_cluster = r.clusters.get(cluster) if cluster is not None else None
+        for scope, roles in (("command", r.commands.get(kind)), ("cluster", on_cluster)):
             if roles is not None and "*" not in roles and not set(user.roles) & set(roles):
                 where = f"/{kind}" if scope == "command" else f"on {cluster}"
                 return f"you may not {kind} {where}: it needs one of the roles {', '.join(roles)}"
@@ -277,9 +277,22 @@ class Engine:
     async def _journal(self, op: Operation, event: str, **data: Any) -> None:
         await asyncio.to_thread(journal.append, self.store, f"bot/journal/{op.op_id}", event, **data)
 
+    def texts(self, op: Operation) -> Texts:
+        """How `op` reads: its kind's texts (plain ones for a kind no longer registered)."""
+        spec = self.specs.get(op.kind)
+        return spec.texts if spec else PLAIN
+
+    def render(self, op: Operation, chat: Chat | None = None) -> str:
+        """`op`'s message as it reads now, in `chat`'s mentions and times (the engine's chat by default)."""
+        chat = chat or self.chat
+        return rules.render(op, self.clock(), chat.mention, chat.when, self.texts(op))
+
+    def buttons(self, op: Operation) -> list[Button]:
+        """The buttons `op`'s message offers now."""
+        return rules.buttons(op, self.windows, self.texts(op))
+
     def _message(self, op: Operation, mentions: list[str] | None = None) -> Message:
-        text = rules.render(op, self.clock(), self.chat.mention, self.chat.when)
-        return Message(text, rules.buttons(op, self.windows), mentions or [], op_id=op.op_id)
+        return Message(self.render(op), self.buttons(op), mentions or [], op_id=op.op_id)
 
     async def _show(self, op: Operation) -> None:
         """Edit the operation's message if what it shows changed."""
@@ -310,7 +323,8 @@ class Engine:
         if ping is not None:
             who = op.requester.id
             text = (
-                f"{self.chat.mention(who)}: your {rules.describe(op)} (`{op.op_id}`) {ping}; nothing was done"
+                f"{self.chat.mention(who)}: your {self.texts(op).title(op)} (`{op.op_id}`) {ping}; "
+                "nothing was done"
             )
             try:
                 await self.chat.post(Message(text, mentions=[who], op_id=op.op_id))
@@ -319,59 +333,62 @@ class Engine:
 
     # -- requests ---------------------------------------------------------------------------------
     async def request(
-        self, user: User, kind: str, cluster_name: str, params: dict[str, Any] | None = None
+        self, user: User, kind: str, cluster_name: str | None, params: dict[str, Any] | None = None
     ) -> Reply:
-        """Someone asks for an operation. Bad input and refusals are answered to them alone."""
-        params = dict(params or {})
+        """Someone asks for an operation (`cluster_name` None for one that takes no cluster). Bad input
+        and refusals are answered to them alone."""
         spec = self.specs.get(kind)
         if spec is None:
             return Reply(f"unknown operation {kind!r}; valid: {', '.join(self.specs)}", ok=False)
-        if cluster_name not in self.registry.clusters:
-            return Reply(
-                f"unknown cluster {cluster_name!r}; valid: {', '.join(self.registry.clusters)}", ok=False
-            )
-        cluster = self.registry.clusters[cluster_name]
-        if params.get("override") and not self.is_admin(user):
-            return Reply("override is for admins", ok=False)
-        if params.get("force_unbacked") and not self.is_admin(user):
-            why = "force_unbacked (restart without a backup when the head does not answer) is for admins"
-            return Reply(why, ok=False)
-        if cluster.protected and not params.get("override"):
+        cluster_name = (cluster_name or "").strip() or None
+        clusters = ", ".join(self.registry.clusters)
+        if spec.needs_cluster and cluster_name is None:
+            return Reply(f"/{kind} needs a cluster; valid: {clusters}", ok=False)
+        if not spec.needs_cluster and cluster_name is not None:
+            return Reply(f"/{kind} takes no cluster (it was given {cluster_name!r})", ok=False)
+        if cluster_name is not None and cluster_name not in self.registry.clusters:
+            return Reply(f"unknown cluster {cluster_name!r}; valid: {clusters}", ok=False)
+        cluster = self.registry.clusters[cluster_name] if cluster_name else None
+        try:
+            parsed = spec.params.model_validate(params or {})
+        except ValidationError as e:
+            return Reply(_bad_params(kind, spec.params, e), ok=False)
+        needs_admin = [] if self.is_admin(user) else admin_only(parsed)
+        if needs_admin:
+            return Reply(f"{needs_admin[0]} is for admins", ok=False)
+        if cluster is not None and cluster.protected and not getattr(parsed, "override", False):
             return Reply(
                 f"{cluster.name} is protected: only read-only commands, unless an admin passes override",
                 ok=False,
             )
-        refused = self._allowed(user, kind, cluster.name)
+        refused = self._allowed(user, kind, cluster_name)
         if refused:
             return Reply(refused, ok=False)
-        busy = await self._busy(cluster.name)
-        if busy:
-            return busy
+        if cluster is not None:
+            busy = await self._busy(cluster.name)
+            if busy:
+                return busy
+        op_id = new_op_id(cluster.name if cluster else kind)
+        lease: Lease | None = None
         try:
-            look = await asyncio.to_thread(spec.look, self, cluster, user, params)
-            from ops.restart import new_op_id
-
-            op_id = new_op_id(cluster.name)
-            lease = await asyncio.to_thread(
-                acquire,
-                self.store,
-                cluster.name,
-                op_id,
-                kind,
-                user.name,
-                self.restart_settings.lease_s,
-                self.holder,
-                phase="announced",
-            )
+            look = await asyncio.to_thread(spec.look, self, cluster, user, parsed)
+            if cluster is not None:
+                lease = await asyncio.to_thread(
+                    acquire, self.store, cluster.name, op_id, kind, user.name, spec.lease_s, self.holder,
+                    phase="announced",
+                )  # fmt: skip
         except OpsError as e:  # taken meanwhile (two requests at once): the same answer as above
-            return await self._busy(cluster.name) or Reply(str(e), ok=False)
-        self._leases[op_id] = lease
-        lease.start_renewing()
+            busy = await self._busy(cluster.name) if cluster is not None else None
+            return busy or Reply(str(e), ok=False)
+        if lease is not None:
+            self._leases[op_id] = lease
+            lease.start_renewing()
+        params = parsed.model_dump(mode="json")
         now = self.clock()
         op = Operation(
             op_id=op_id,
             kind=kind,
-            cluster=cluster.name,
+            cluster=cluster_name,
             requester=user,
             params=params,
             created_at=now,
@@ -418,7 +435,7 @@ class Engine:
         where = self._where(op.message_id)
         if spec.ceremony == "announce":
             self._spawn(self._execute(op))
-            return Reply(f"{rules.describe(op)} announced in #infra{where} and started (`{op_id}`)")
+            return Reply(f"{spec.texts.title(op)} announced in #infra{where} and started (`{op_id}`)")
         return Reply(f"announced `{op_id}` in #infra{where}: Confirm there to go ahead", ok=True)
 
     def _where(self, message_id: str) -> str:
@@ -440,10 +457,11 @@ class Engine:
             return Reply(f"no operation {op_id}", ok=False)
         async with self._lock(op_id):
             op = self.ops[op_id]
-            refused = rules.refusal(op, user, action, self.is_admin(user))
+            texts = self.texts(op)
+            refused = rules.refusal(op, user, action, self.is_admin(user), texts)
             if refused:
                 return Reply(refused, ok=False)
-            new, text = rules.apply(op, user, action, arg, self.clock(), self.windows)
+            new, text = rules.apply(op, user, action, arg, self.clock(), self.windows, texts)
             if new == op:
                 return Reply(text)
             if new.state == State.CANCELLED:
@@ -577,7 +595,6 @@ class Engine:
         operation, edited as its step changes, a last edit when its lock goes. What was posted is kept in
         the store so that a restarted bot does not post it again."""
         from ops.locks import LockRecord
-        from ops.restart import Step, find_record
 
         if self._foreign is None:
             got = await asyncio.to_thread(read_model, self.store, FOREIGN_KEY, Foreign)
@@ -591,30 +608,35 @@ class Engine:
             shown = self._foreign.clusters.get(lock.cluster)
             ours = lock.holder == self.holder
             if not lock.released and not ours:
-                record = await asyncio.to_thread(find_record, self.store, lock.cluster, lock.op_id)
-                step = record.step.value if record else "starting"
+                seen = await self._outside(lock.kind, lock.cluster, lock.op_id)
                 what = f"{lock.kind} of {lock.cluster} (`{lock.op_id}`) by {lock.owner}"
-                text = f"{what}, run outside the bot: {step}"
-                if record and record.error:
-                    text += f"\nlast error: {record.error}"
+                text = f"{what}, run outside the bot: {seen.step if seen else 'running'}"
+                if seen and seen.error:
+                    text += f"\nlast error: {seen.error}"
                 if shown is None or shown.op_id != lock.op_id:
                     if shown is not None and not shown.ended:
                         await self._end_foreign(shown, "ended")
                     mid = await self.chat.post(Message(text))
-                    self._foreign.clusters[lock.cluster] = Shown(op_id=lock.op_id, message_id=mid, text=text)
+                    self._foreign.clusters[lock.cluster] = Shown(
+                        op_id=lock.op_id, kind=lock.kind, message_id=mid, text=text
+                    )
                     changed = True
                 elif text != shown.text:
                     await self.chat.edit(shown.message_id, Message(text))
                     shown.text, changed = text, True
             elif shown is not None and not shown.ended and (lock.released or lock.op_id != shown.op_id):
-                record = await asyncio.to_thread(find_record, self.store, lock.cluster, shown.op_id)
-                end = {Step.DONE: "done", Step.ABANDONED: "abandoned"}.get(
-                    record.step if record else None, "unlocked"
-                )
-                await self._end_foreign(shown, end)
+                seen = await self._outside(shown.kind, lock.cluster, shown.op_id)
+                await self._end_foreign(shown, (seen.ended if seen else None) or "unlocked")
                 changed = True
         if changed:
             await asyncio.to_thread(self.store.put, FOREIGN_KEY, dump(self._foreign))
+
+    async def _outside(self, kind: str, cluster: str, op_id: str) -> Outside | None:
+        """What an operation run outside the bot says of itself, if its kind can tell."""
+        spec = self.specs.get(kind)
+        if spec is None or spec.outside is None:
+            return None
+        return await asyncio.to_thread(spec.outside, self.store, cluster, op_id)
 
     async def _end_foreign(self, shown: Shown, end: str) -> None:
         shown.text = shown.text.rsplit(": ", 1)[0].split("\n")[0] + f": {end}"
@@ -651,6 +673,7 @@ class Engine:
 
     async def _execute(self, op: Operation) -> None:
         spec = self.specs[op.kind]
+        texts = spec.texts
         loop = asyncio.get_running_loop()
         await self._show(op)
         self._flushed_at[op.op_id] = time.monotonic()  # that edit counts against the rate
@@ -662,31 +685,40 @@ class Engine:
         try:
             if lease is not None:  # whoever asks for the cluster now hears it is running
                 await asyncio.to_thread(lease.set_phase, "executing")
-            outcome = await asyncio.to_thread(spec.execute, self, op, lease, progress)
+            try:
+                outcome = await asyncio.to_thread(spec.execute, self, op, lease, progress)
+            finally:
+                if lease is not None and not spec.owns_lock:  # what runs no more holds nothing
+                    await self._release(op, lease)
         except Exception as e:
             if not isinstance(e, OpsError):
                 log.exception("operation %s failed", op.op_id)
             error = str(e) if isinstance(e, OpsError) else f"unexpected error: {type(e).__name__}: {e}"
-            held = await asyncio.to_thread(current_lock, self.store, op.cluster)
-            if held is not None and held.op_id == op.op_id:
-                resume = f"`python -m ops restart --cluster {op.cluster} --resume`"
-                left = f"the cluster stays locked for a resume: {resume} (or --abandon; backups kept)"
-            else:  # refused before touching anything: the restart gave the cluster back
-                left = f"{op.cluster} is not locked by it any more"
+            held = False
+            if op.cluster is not None:
+                lock = await asyncio.to_thread(current_lock, self.store, op.cluster)
+                held = lock is not None and lock.op_id == op.op_id
             report = Message(
-                f"{rules.describe(op)} FAILED (`{op.op_id}`), asked by {self.chat.mention(op.requester.id)}: "
-                f"{error}\n{left}",
+                f"{texts.title(op)} FAILED (`{op.op_id}`), asked by {self.chat.mention(op.requester.id)}: "
+                f"{error}\n{texts.failed(op, held)}",
                 mentions=[op.requester.id],
             )
             await self._finish(op.op_id, State.FAILED, report, error=error)
             return
         owners = sorted({c for o in outcome.owners if o and (c := self.owner_to_chat(o))})
-        lines = [f"{rules.describe(op)} is done (`{op.op_id}`), asked by {op.requester.name}", outcome.text]
+        lines = [f"{texts.title(op)} is done (`{op.op_id}`), asked by {op.requester.name}", outcome.text]
         if owners:
-            lines.append("your jobs were resubmitted: " + " ".join(self.chat.mention(c) for c in owners))
+            lines.append(texts.owners(" ".join(self.chat.mention(c) for c in owners)))
         await self._finish(
             op.op_id, State.DONE, Message("\n".join(lines), mentions=owners), result=outcome.text
         )
+
+    async def _release(self, op: Operation, lease: Lease) -> None:
+        """Let go of an executed operation's lock; one cleared meanwhile (an unlock) is nothing to undo."""
+        try:
+            await asyncio.to_thread(lease.release)
+        except OpsError as e:
+            log.warning("could not release the lock of %s: %s", op.op_id, e)
 
     def _queue_progress(self, op_id: str, line: str) -> None:
         """Progress lines wait in memory and land together: at most one store write of the operation
@@ -753,14 +785,20 @@ class Engine:
         downtime = max(gap - alive[0].every_s, 0.0) if alive else 0.0
         for op in [o for o in self.ops.values() if o.state not in TERMINAL]:
             await self._journal(op, "resumed", at_state=op.state.value, downtime_s=round(downtime, 1))
-            if op.state == State.EXECUTING:
+            if op.state == State.EXECUTING and op.kind in self.specs:
                 self._spawn(self._execute(op))
                 continue
+            spec = self.specs.get(op.kind)
+            if spec is None:  # its kind was unregistered: nothing here can run or show it
+                op = op.model_copy(update={"error": f"this bot runs no {op.kind!r} any more"})
+                await self._end(op, State.FAILED, "unknown_kind")
+                continue
             try:
-                lease = await asyncio.to_thread(
-                    take_over, self.store, op.cluster, op.op_id, op.requester.name,
-                    self.restart_settings.lease_s, self.holder,
-                )  # fmt: skip
+                if op.cluster is not None:
+                    lease = await asyncio.to_thread(
+                        take_over, self.store, op.cluster, op.op_id, op.requester.name, spec.lease_s,
+                        self.holder,
+                    )  # fmt: skip
             except OpsError as e:
                 op = op.model_copy(
                     update={"cancelled_by": f"nobody (the lock went while the bot was down: {e})"}
@@ -769,8 +807,9 @@ class Engine:
                     op, State.CANCELLED, "lost_lock", "was cancelled: its lock went while the bot was down"
                 )
                 continue
-            lease.start_renewing()
-            self._leases[op.op_id] = lease
+            if op.cluster is not None:
+                lease.start_renewing()
+                self._leases[op.op_id] = lease
             if downtime > 0:
                 op = rules.extend(op, downtime)
                 await self._save(op)

@@ -1,13 +1,20 @@
-"""The protocol's data: users, operations, votes and states, as persisted in the store."""
+"""The protocol's data: users, operations, votes and states, as persisted in the store; and `Spec`, the
+plug-in an operation is (its parameters, ceremony, lease, look, execution and texts)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from bot.protocol.engine import Engine
+    from ops.locks import Lease
+    from ops.registry import Cluster
 
 
 class User(BaseModel):
@@ -36,7 +43,7 @@ class Vote(StrEnum):
     OK = "ok"
     DELAY = "delay"
     OBJECT = "object"
-    SKIP = "skip"  # OK, but do not resubmit my jobs (they must not run twice)
+    SKIP = "skip"  # OK, but leave my jobs out (the operation's `LeaveOut` answer, e.g. not resubmitted)
 
 
 class Affected(BaseModel):
@@ -53,7 +60,7 @@ class Affected(BaseModel):
 class Operation(BaseModel):
     op_id: str
     kind: str
-    cluster: str
+    cluster: str | None  # None: an operation on no cluster (build-image)
     requester: User
     params: dict[str, Any] = Field(default_factory=dict)
     state: State = State.AWAITING
@@ -77,9 +84,8 @@ class Operation(BaseModel):
     result: str | None = None
     error: str | None = None
     unbacked: bool = False  # the head does not answer and an admin forced it: jobs are NOT backed up
-    skip_resubmit: dict[str, str] = Field(
-        default_factory=dict
-    )  # job id -> chat name who asked to leave it out
+    # job id -> chat name of the owner who answered "leave mine out" (the operation's `LeaveOut`)
+    skip_resubmit: dict[str, str] = Field(default_factory=dict)
     downtime_s: float = 0.0  # time the bot was down while this was open (windows extended by it)
 
     @property
@@ -114,3 +120,142 @@ class Message:
     buttons: list[Button] = field(default_factory=list)
     mentions: list[str] = field(default_factory=list)  # chat ids to notify (only new messages notify)
     op_id: str | None = None  # the operation it shows: what its buttons act on
+
+
+# -- the operation plug-in -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdminOnly:
+    """Marks a parameter only admins may set (to other than its default): `Annotated[bool, AdminOnly(why)]`.
+    The engine refuses anyone else with `why`."""
+
+    why: str
+
+
+class Params(BaseModel):
+    """The parameters of an operation that takes no cluster; every operation's model extends it.
+    Unknown names are bad input, so a typo never silently falls back to a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ClusterParams(Params):
+    """The parameters of an operation on a cluster: `override` is the protocol's own (a protected
+    cluster refuses everything else)."""
+
+    override: Annotated[bool, AdminOnly("override: allow a protected cluster")] = Field(
+        False, description="Admins only: allow a protected cluster (big-run)"
+    )
+
+
+def admin_only(params: Params) -> list[str]:
+    """Why each admin-only parameter `params` sets (away from its default) needs an admin."""
+    out = []
+    for name, info in type(params).model_fields.items():
+        marks = [m for m in info.metadata if isinstance(m, AdminOnly)]
+        if marks and getattr(params, name) != info.default:
+            out.append(marks[0].why)
+    return out
+
+
+@dataclass
+class Look:
+    """What an operation would affect, seen before acting: the jobs, and notes for the announcement
+    (e.g. that the head does not answer, so the jobs are unknown)."""
+
+    jobs: list[Any]
+    notes: list[str]
+    unbacked: bool = False  # the head does not answer and an admin forced it: nothing will be backed up
+
+
+@dataclass
+class Outcome:
+    text: str
+    owners: list[str]  # Ray job owners to notify
+
+
+@dataclass(frozen=True)
+class LeaveOut:
+    """An extra answer affected owners may give: OK, but leave my jobs out (restart: "Don't resubmit
+    mine"). It counts as OK; the op's `skip_resubmit` lists the jobs, for `execute` to honour."""
+
+    label: str  # the button
+    answer: str  # the owner's answer as the announcement shows it
+    reply: str  # to the owner; {jobs} is "1 job" / "2 jobs"
+    again: str  # to the owner who clicks it twice
+    offered: Callable[[Operation], bool] = lambda op: True  # whether this operation offers it
+
+
+def _title(op: Operation) -> str:
+    return op.kind if op.cluster is None else f"{op.kind} {op.cluster}"
+
+
+def _no_lines(op: Operation) -> list[str]:
+    return []
+
+
+def _failed(op: Operation, held: bool) -> str:
+    if op.cluster is None:
+        return "it held no lock"
+    if held:
+        return f"{op.cluster} stays locked by it: an admin can /unlock it once it is safe"
+    return f"{op.cluster} is not locked by it any more"
+
+
+def _owners(mentions: str) -> str:
+    return f"your jobs were affected: {mentions}"
+
+
+@dataclass(frozen=True)
+class Texts:
+    """How an operation reads in the channel. The defaults are those of an operation that says nothing
+    special; each is a pure function of the operation."""
+
+    title: Callable[[Operation], str] = _title  # "restart local": what is asked for
+    lines: Callable[[Operation], list[str]] = _no_lines  # what the announcement adds (what happens to jobs)
+    failed: Callable[[Operation, bool], str] = _failed  # what is left after a failure; bool: still locked
+    owners: Callable[[str], str] = _owners  # the report's line to the owners told (their mentions)
+    leave_out: LeaveOut | None = None
+
+
+PLAIN = Texts()
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Outside:
+    """An operation of this kind run outside the bot (the CLI), as its own record tells it."""
+
+    step: str  # where it is ("starting" before it wrote a record)
+    error: str | None = None
+    ended: str | None = None  # how it ended ("done", "abandoned"), None while it runs
+
+
+@dataclass
+class Spec:
+    """One kind of operation, the whole plug-in: adding one changes no line of the engine, the rules or
+    an adapter beyond declaring its command (see `bot/operations/__init__.py`).
+
+    `look` and `execute` are sync (they call ops) and run in a thread. `look` says what the operation
+    would affect (its cluster is None when `needs_cluster` is off); `execute` runs it holding `lease`
+    (None without a cluster) and reports progress lines. The engine releases the lease after `execute`
+    unless `owns_lock` (restart keeps its lock on a failure, for a resume)."""
+
+    kind: str  # the chat command's name
+    ceremony: Literal["full", "announce"]  # full: consent and grace; announce: announced and run at once
+    look: Callable[[Engine, Cluster | None, User, Params], Look]
+    execute: Callable[[Engine, Operation, Lease | None, Progress], Outcome]
+    params: type[Params] = ClusterParams
+    needs_cluster: bool = True
+    lease_s: float = 60.0
+    summary: str = ""  # one line: what the command does (its Discord description)
+    cluster_help: str = "The cluster"
+    texts: Texts = PLAIN
+    owns_lock: bool = False
+    outside: Callable[[Any, str, str], Outside | None] | None = None  # (store, cluster, op id)
+
+    def parse(self, op: Operation) -> Params:
+        """The operation's parameters as this kind's model (they were validated at the request)."""
+        return self.params.model_validate(op.params)

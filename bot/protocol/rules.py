@@ -1,5 +1,8 @@
 """The protocol's rules as pure functions of an operation and the time: who may click what, what a
-click changes, when consent is reached, and how an operation reads in the channel."""
+click changes, when consent is reached, and how an operation reads in the channel.
+
+What is particular to one kind of operation (its title, its lines, an extra answer for owners) comes in
+its `Texts`; the defaults (`PLAIN`) are those of an operation that declares none."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from bot.config import Windows
-from bot.protocol.model import Affected, Button, Operation, State, User, Vote
+from bot.protocol.model import PLAIN, Affected, Button, Operation, State, Texts, User, Vote
 
 ACTIONS = ("confirm", "ok", "delay", "object", "skip", "cancel", "override")
 
@@ -35,7 +38,7 @@ def ready_for_grace(op: Operation, now: datetime) -> bool:
     return op.state == State.AWAITING and op.confirmed and consent(op, now)[0]
 
 
-def refusal(op: Operation, user: User, action: str, is_admin: bool) -> str | None:
+def refusal(op: Operation, user: User, action: str, is_admin: bool, texts: Texts = PLAIN) -> str | None:
     """Why `user` may not do `action` on `op` now, or None when they may."""
     if action not in ACTIONS:
         return f"unknown action {action!r}; valid: {', '.join(ACTIONS)}"
@@ -51,13 +54,15 @@ def refusal(op: Operation, user: User, action: str, is_admin: bool) -> str | Non
         return f"only {op.requester.name} (who asked) can confirm"
     if action in ("ok", "delay", "object", "skip") and user.id not in op.affected:
         return "only people whose jobs this stops can answer for them"
+    if action == "skip" and not _leave_out(op, texts):
+        return f"{texts.title(op)} has no such answer: OK, Delay or Object"
     if action == "override" and not is_admin:
         return "only an admin can override"
     return None
 
 
 def apply(
-    op: Operation, user: User, action: str, arg: str, now: datetime, windows: Windows
+    op: Operation, user: User, action: str, arg: str, now: datetime, windows: Windows, texts: Texts = PLAIN
 ) -> tuple[Operation, str]:
     """The operation after `user` did `action` (already allowed), and the reply to them.
 
@@ -78,16 +83,15 @@ def apply(
         op.overridden_by = user.name
         return op, "consent overridden"
     affected = op.affected[user.id]
-    if action == "skip":
+    if action == "skip":  # allowed only where offered (refusal)
+        leave_out = texts.leave_out
+        assert leave_out is not None
         if affected.vote == Vote.SKIP:
-            return op, "already counted: OK, your jobs will not be resubmitted"
+            return op, leave_out.again
         affected.vote = Vote.SKIP
         op.skip_resubmit.update({sid: user.name for sid in affected.job_ids})
-        return op, (
-            f"OK counted; your {_jobs(len(affected.job_ids))} will be backed up but not resubmitted: "
-            "resubmit yourself if you need to"
-        )
-    for sid in affected.job_ids:  # any other answer takes a "don't resubmit" back
+        return op, leave_out.reply.format(jobs=_jobs(len(affected.job_ids)))
+    for sid in affected.job_ids:  # any other answer takes a "leave mine out" back
         op.skip_resubmit.pop(sid, None)
     if action == "ok":
         if affected.vote == Vote.OK:
@@ -133,15 +137,19 @@ def extend(op: Operation, seconds: float) -> Operation:
     return op
 
 
-def buttons(op: Operation, windows: Windows) -> list[Button]:
+def _leave_out(op: Operation, texts: Texts) -> bool:
+    return texts.leave_out is not None and texts.leave_out.offered(op)
+
+
+def buttons(op: Operation, windows: Windows, texts: Texts = PLAIN) -> list[Button]:
     if op.state == State.AWAITING:
         out = [Button("confirm", "Confirm", "primary")]
         if op.affected:
             out += [Button("ok", "OK", "success")]
             out += [Button("delay", f"Delay {m} min", "secondary", str(m)) for m in windows.delay_choices_min]
             out += [Button("object", "Object", "danger")]
-            if op.kind == "restart" and op.params.get("preserve_jobs", True) and not op.unbacked:
-                out += [Button("skip", "Don't resubmit mine", "secondary")]
+            if texts.leave_out is not None and texts.leave_out.offered(op):
+                out += [Button("skip", texts.leave_out.label, "secondary")]
         out += [Button("cancel", "Cancel", "secondary"), Button("override", "Override (admin)", "danger")]
         return out
     if op.state == State.GRACE:
@@ -150,14 +158,17 @@ def buttons(op: Operation, windows: Windows) -> list[Button]:
 
 
 def render(
-    op: Operation, now: datetime, mention: Callable[[str], str], when: Callable[[datetime], str]
+    op: Operation,
+    now: datetime,
+    mention: Callable[[str], str],
+    when: Callable[[datetime | None], str],
+    texts: Texts = PLAIN,
 ) -> str:
     """The announcement / status message of an operation, as it reads now."""
-    what = describe(op)
-    lines = [f"**{op.requester.name}** asks to **{what}** (`{op.op_id}`)"]
+    lines = [f"**{op.requester.name}** asks to **{texts.title(op)}** (`{op.op_id}`)"]
     jobs = f"{op.jobs_total} running or pending job(s) on {op.cluster}"
     if op.jobs_total:
-        owners = [f"{mention(a.chat_id)}: {_jobs(a.jobs)}, {answer(a)}" for a in op.affected.values()]
+        owners = [f"{mention(a.chat_id)}: {_jobs(a.jobs)}, {answer(a, texts)}" for a in op.affected.values()]
         if op.unreachable_jobs:
             who = ", ".join(op.unreachable_owners)
             owners.append(f"{op.unreachable_jobs} of owners nobody can ask ({who})")
@@ -165,23 +176,10 @@ def render(
         if own:
             owners.append(f"{own} of {op.requester.name}'s own")
         jobs += ": " + "; ".join(owners)
-    lines.append(jobs)
+    if op.cluster is not None or op.jobs_total:  # an operation on no cluster has no jobs to speak of
+        lines.append(jobs)
     lines += [f"note: {n}" for n in op.notes]
-    if op.kind == "restart" and op.unbacked:
-        lines.append(
-            f"jobs are NOT backed up: the head does not answer and admin {op.requester.name} forced it"
-        )
-    elif op.kind == "restart":
-        lines.append(
-            "jobs are backed up and resubmitted after the restart"
-            if op.params.get("preserve_jobs", True)
-            else "jobs are stopped and NOT resubmitted (preserve_jobs off)"
-        )
-        if op.skip_resubmit:
-            lines.append(
-                "backed up but NOT resubmitted, on their owners' word: "
-                + ", ".join(f"{sid} ({who})" for sid, who in op.skip_resubmit.items())
-            )
+    lines += texts.lines(op)
     if op.state == State.AWAITING:
         lines.append(
             f"{op.requester.name} confirmed" if op.confirmed
@@ -222,15 +220,15 @@ def _jobs(n: int) -> str:
     return f"{n} job" + ("" if n == 1 else "s")
 
 
-def answer(a: Affected) -> str:
+def answer(a: Affected, texts: Texts = PLAIN) -> str:
     """What an affected owner answered, as a vote (not to be read as a job's state)."""
     if a.vote == Vote.DELAY:
         return f"delayed {a.delay_min} min"
-    return {Vote.PENDING: "not answered yet", Vote.OK: "OK", Vote.OBJECT: "objects",
-            Vote.SKIP: "OK, don't resubmit"}[a.vote]  # fmt: skip
+    if a.vote == Vote.SKIP:
+        return texts.leave_out.answer if texts.leave_out else "OK, leave mine out"
+    return {Vote.PENDING: "not answered yet", Vote.OK: "OK", Vote.OBJECT: "objects"}[a.vote]
 
 
-def describe(op: Operation) -> str:
-    if op.kind == "restart":
-        return f"restart {op.cluster}"
-    return f"{op.kind} on {op.cluster}"
+def describe(op: Operation, texts: Texts = PLAIN) -> str:
+    """What is asked for, in a few words ("restart local")."""
+    return texts.title(op)
