@@ -114,3 +114,33 @@ def test_fifty_jobs_reads_of_the_local_cluster_make_one_dashboard_call(cluster: 
 def test_ttl_must_not_be_negative() -> None:
     with pytest.raises(ValueError):
         SharedReads(ttl_s=-1)
+
+
+@pytest.mark.asyncio(loop_scope="function")
+@pytest.mark.timeout(120)
+async def test_fifty_people_asking_jobs_local_through_discord_share_one_read(cluster: Cluster) -> None:
+    from bot.adapters.discord_bot import ClusterBot
+    from bot.config import BotConfig, Settings
+    from ops.context import Context
+    from tests.fakes.discord_api import FakeDiscord, run_bot
+
+    people = [f"user{i}" for i in range(50)]
+    async with FakeDiscord(users=people) as fake:
+        settings = Settings(
+            discord_token=fake.token,
+            guild_id=fake.guild.id,
+            infra_channel_id=fake.guild.channel("infra").id,
+            config=BotConfig(),
+            config_path=None,
+        )
+        bot = ClusterBot(settings, ctx=Context(), connector=fake.connector(), guild_ready_timeout=0.05)
+        async with run_bot(bot, fake):
+            started = await asyncio.gather(
+                *(fake.slash(u, "jobs", {"cluster": cluster.name}, channel="infra") for u in people)
+            )
+            answers = await asyncio.gather(*(i.wait_original(timeout=30) for i in started))
+            reads = bot.get_cog("ReadOnly").reads  # type: ignore[union-attr]
+        assert fake.unknown_routes == []
+    assert all(i.answer is not None and i.answer.latency < 3.0 for i in started)
+    assert {a.content for a in answers} == {answers[0].content} and "local" in answers[0].content
+    assert reads.calls == 1

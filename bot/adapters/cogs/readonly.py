@@ -1,8 +1,17 @@
 """The read-only commands, which just answer: /status [cluster] and /jobs cluster (as `ops status`,
-`ops jobs`). Their answers are public; bad input is answered to the caller alone."""
+`ops jobs`). Their answers are public; bad input is answered to the caller alone.
+
+Fast under a burst (issue 10): identical reads that overlap, or come within a second of each other,
+share one engine call (`ops.shared_reads`), so 50 people asking `/jobs local` at once read the
+dashboard once and their acknowledgements do not queue behind 50 threads; and the modules a read
+needs (Ray's job client above all: ~1 s and ~50 MiB on first use) are imported while the cog loads,
+before the bot says it is ready, not in the middle of the first burst.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 from typing import TYPE_CHECKING, Any
 
 import discord
@@ -10,14 +19,23 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot.adapters.cogs import answer_publicly, cluster_choices
+from ops.shared_reads import SharedReads
 
 if TYPE_CHECKING:
     from bot.protocol.engine import Engine
+
+READ_TTL_S = 1.0  # how old an answer may be: a second-old /status is as good as a fresh one
+WARM_MODULES = ("ray.job_submission", "ops.status", "ops.jobs", "ops.render")
 
 
 class ReadOnly(commands.Cog):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.reads = SharedReads(ttl_s=READ_TTL_S)
+
+    async def cog_load(self) -> None:
+        """Import what reads need (in a thread: the loop keeps serving the gateway handshake)."""
+        await asyncio.to_thread(lambda: [importlib.import_module(m) for m in WARM_MODULES])
 
     @app_commands.command(name="status", description="Head, workers, jobs by owner, operation in progress")
     @app_commands.describe(cluster="One cluster (all when omitted)")
@@ -25,7 +43,8 @@ class ReadOnly(commands.Cog):
     async def status(self, interaction: discord.Interaction[Any], cluster: str | None = None) -> None:
         name = cluster.strip() if cluster else None
         valid = name is None or name in self.engine.registry.clusters
-        await answer_publicly(interaction, valid, self.engine.status(name), code=True)
+        work = self.reads.aget(("status", name), self.engine.status, name)
+        await answer_publicly(interaction, valid, work, code=True)
 
     @app_commands.command(name="jobs", description="A cluster's running and pending jobs, and their owners")
     @app_commands.describe(cluster="The cluster")
@@ -33,4 +52,5 @@ class ReadOnly(commands.Cog):
     async def jobs(self, interaction: discord.Interaction[Any], cluster: str) -> None:
         name = cluster.strip()
         valid = name in self.engine.registry.clusters
-        await answer_publicly(interaction, valid, self.engine.jobs(name), code=True)
+        work = self.reads.aget(("jobs", name), self.engine.jobs, name)
+        await answer_publicly(interaction, valid, work, code=True)
