@@ -18,16 +18,30 @@ import dataclasses
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Annotated
 
 import pytest
+from pydantic import Field
 
 from bot.adapters.recorder import ManualClock, Recorder
 from bot.config import BotConfig, Rights, Windows
 from bot.operations import restart
 from bot.protocol import rules
 from bot.protocol.engine import Engine, Look, Outcome, Spec
-from bot.protocol.model import Affected, Operation, State, User, Vote
+from bot.protocol.model import (
+    AdminOnly,
+    Affected,
+    ClusterParams,
+    Operation,
+    Params,
+    State,
+    Texts,
+    User,
+    Vote,
+)
+from ops import journal
 from ops.context import Context
+from ops.errors import Refused
 from ops.jobs import Job
 from ops.locks import current_lock
 from ops.registry import load_registry
@@ -586,3 +600,163 @@ def test_rights_come_from_ids_not_names(fx: Fixture) -> None:
     assert engine.is_admin(User(id="42", name="whoever"))
     assert not engine.is_admin(User(id="7", name="42"))  # a display name anyone can choose
     assert engine.is_admin(User(id="8", name="x", roles=["9001"]))
+
+
+# -- operations are plug-ins: declared here only, the engine, the rules and the adapters unchanged -------
+
+
+class Say(Params):
+    text: str = Field(description="What to say in #infra")
+    loud: Annotated[bool, AdminOnly("loud (mention everyone)")] = False
+
+
+def say_spec(said: list[str], fail: bool = False) -> Spec:
+    """An announce-only operation on no cluster with a parameter (build-image's shape)."""
+
+    def look(engine, cluster, user, params):  # noqa: ANN001, ANN202
+        assert cluster is None and isinstance(params, Say)
+        return Look([], [])
+
+    def execute(engine, op, lease, progress):  # noqa: ANN001, ANN202
+        assert lease is None  # no cluster: nothing to lock
+        progress("clearing my throat")
+        if fail:
+            raise Refused("lost my voice")
+        said.append(op.params["text"])
+        return Outcome(f"said {op.params['text']!r}", owners=[])
+
+    return Spec("say", "announce", look, execute, params=Say, needs_cluster=False, summary="Say something")
+
+
+class Drain(ClusterParams):
+    minutes: int = Field(5, ge=1, le=60, description="How long to drain")
+
+
+def drain_spec(fx: Fixture, fail: bool = False) -> Spec:
+    """A full-ceremony operation on a cluster, with its own parameter and texts; its `execute` leaves the
+    lock to the engine."""
+
+    def execute(engine, op, lease, progress):  # noqa: ANN001, ANN202
+        assert lease is not None and lease.record.phase == "executing"
+        fx.runs.append(op.op_id)
+        if fail:
+            raise Refused("the drain got stuck")
+        return Outcome(f"drained for {op.params['minutes']} min", owners=[j.owner for j in fx.jobs])
+
+    texts = Texts(
+        title=lambda op: f"drain {op.cluster} for {op.params['minutes']} min",
+        lines=lambda op: ["jobs keep running; no new ones start"],
+        owners=lambda mentions: f"your jobs waited: {mentions}",
+    )
+    look = lambda engine, cluster, user, params: Look(list(fx.jobs), [])  # noqa: E731
+    return Spec("drain", "full", look, execute, params=Drain, lease_s=30, texts=texts)
+
+
+async def test_an_announce_only_operation_on_no_cluster_goes_from_request_to_report(tmp_path: Path) -> None:
+    said: list[str] = []
+    fx = Fixture(tmp_path, [], FAST)
+    engine = fx.engine({"say": say_spec(said)})
+    r = await engine.request(ALICE, "say", None, {"text": "hello"})
+    assert r.ok and r.text.startswith("say announced in #infra (https://chat.test/infra/1) and started"), (
+        r.text
+    )
+    await until(lambda: len(fx.chat.new_posts()) == 2)
+    (op,) = engine.ops.values()
+    assert op.state == State.DONE and said == ["hello"] and op.cluster is None
+    assert op.op_id.startswith("say-") and op.params == {"text": "hello", "loud": False}
+    announcement, report = fx.chat.new_posts()
+    assert announcement.text.startswith("**alice** asks to **say** (") and "job(s)" not in announcement.text
+    assert announcement.buttons == [] and announcement.mentions == []  # nobody to ask: announced only
+    assert report.text == f"say is done (`{op.op_id}`), asked by alice\nsaid 'hello'"
+    assert "clearing my throat" in fx.chat.text(op.message_id)
+    assert fx.store.list("locks/") == []  # no cluster, no lock
+    assert [e["event"] for e in journal.read(fx.store, f"bot/journal/{op.op_id}")] == ["announced", "done"]
+
+
+async def test_an_announce_only_operation_that_fails_says_so_without_a_resume_command(tmp_path: Path) -> None:
+    fx = Fixture(tmp_path, [], FAST)
+    engine = fx.engine({"say": say_spec([], fail=True)})
+    assert (await engine.request(ALICE, "say", None, {"text": "hello"})).ok
+    await until(lambda: len(fx.chat.new_posts()) == 2)
+    (op,) = engine.ops.values()
+    report = fx.chat.new_posts()[-1]
+    assert op.state == State.FAILED and op.error == "lost my voice"
+    assert report.text == f"say FAILED (`{op.op_id}`), asked by @alice: lost my voice\nit held no lock"
+    assert report.mentions == ["alice"] and "--resume" not in report.text
+
+
+async def test_an_operations_parameters_are_checked_against_its_model(tmp_path: Path) -> None:
+    fx = Fixture(tmp_path, [], FAST)
+    engine = fx.engine({"say": say_spec([])})
+    r = await engine.request(ALICE, "say", "local", {"text": "hi"})
+    assert not r.ok and r.text == "/say takes no cluster (it was given 'local')"
+    r = await engine.request(ALICE, "say", None, {})
+    assert not r.ok and r.text == "bad parameters for /say: text: Field required (parameters: text, loud)"
+    r = await engine.request(ALICE, "say", None, {"text": "hi", "lodu": True})  # a typo is not a default
+    assert not r.ok and "lodu: Extra inputs are not permitted" in r.text
+    r = await engine.request(ALICE, "say", None, {"text": "hi", "loud": True})  # declared admin-only
+    assert not r.ok and r.text == "loud (mention everyone) is for admins"
+    assert not engine.ops and fx.chat.log == []
+    assert (await engine.request(ADMIN, "say", None, {"text": "hi", "loud": True})).ok
+
+
+async def test_a_full_ceremony_operation_declared_in_a_test_runs_on_a_cluster(tmp_path: Path) -> None:
+    fx = Fixture(tmp_path, [job("alice"), job("bob")], FAST)
+    async with running(fx) as engine:
+        engine.specs = {"drain": drain_spec(fx)}
+        r = await engine.request(ALICE, "drain", "local", {"minutes": "7"})  # chat words: validated to int
+        assert r.ok, r.text
+        (op_id,) = engine.ops
+        assert op_id.startswith("local-") and engine.ops[op_id].params == {"override": False, "minutes": 7}
+        lock = current_lock(fx.store, "local")
+        assert lock.kind == "drain" and lock.lease_s == 30 and lock.phase == "announced"
+        announcement = fx.chat.new_posts()[0]
+        assert "asks to **drain local for 7 min**" in announcement.text and announcement.mentions == ["bob"]
+        assert "jobs keep running; no new ones start" in announcement.text
+        assert "skip" not in [b.action for b in announcement.buttons]  # it offers no "leave mine out"
+        refused = await engine.act(BOB, op_id, "skip")
+        assert not refused.ok and "has no such answer" in refused.text
+        await engine.act(BOB, op_id, "ok")
+        await engine.act(ALICE, op_id, "confirm")
+        await until(lambda: len(fx.chat.new_posts()) == 2)
+        report = fx.chat.new_posts()[-1]
+        assert engine.ops[op_id].state == State.DONE and fx.runs == [op_id]
+        assert report.text.startswith(f"drain local for 7 min is done (`{op_id}`), asked by alice\n")
+        assert "drained for 7 min" in report.text and report.text.endswith("your jobs waited: @alice @bob")
+        assert current_lock(fx.store, "local") is None  # the engine let go of it after execute
+
+        r = await engine.request(ALICE, "drain", None, {})
+        assert not r.ok and r.text.startswith("/drain needs a cluster; valid: ")
+        r = await engine.request(ALICE, "drain", "local", {"minutes": 0})
+        assert not r.ok and "minutes: Input should be greater than or equal to 1" in r.text
+        r = await engine.request(ALICE, "drain", "big-run", {})  # the protocol's protection, for every kind
+        assert not r.ok and "protected" in r.text
+
+
+async def test_a_failed_operation_that_does_not_own_its_lock_gives_the_cluster_back(tmp_path: Path) -> None:
+    fx = Fixture(tmp_path, [], FAST)
+    async with running(fx) as engine:
+        engine.specs = {"drain": drain_spec(fx, fail=True)}
+        await engine.request(ALICE, "drain", "local", {})
+        (op_id,) = engine.ops
+        await engine.act(ALICE, op_id, "confirm")
+        await until(lambda: len(fx.chat.new_posts()) == 2)
+    report = fx.chat.new_posts()[-1]
+    assert report.text.endswith("the drain got stuck\nlocal is not locked by it any more"), report.text
+    assert "--resume" not in report.text and current_lock(fx.store, "local") is None
+
+
+def test_an_operations_slash_command_comes_from_its_spec(fx: Fixture) -> None:
+    from bot.adapters.cogs.operations import Operations, operation_command
+
+    say = operation_command(say_spec([]))
+    assert say.name == "say" and say.description == "Say something"
+    assert [(p.name, p.required) for p in say.parameters] == [("text", True), ("loud", False)]
+    assert say.parameters[1].default is False
+    assert say.parameters[0].description == "What to say in #infra"
+    drain = operation_command(drain_spec(fx))
+    assert [p.name for p in drain.parameters] == ["cluster", "minutes", "override"]  # admin-only last
+    assert drain.parameters[0].autocomplete and drain.parameters[1].type.name == "integer"
+    restart = Operations.restart  # declared in one line from the registered restart
+    assert [p.name for p in restart.parameters] == ["cluster", "preserve_jobs", "override", "force_unbacked"]
+    assert restart.description == "Restart a cluster: announced in #infra, with consent"

@@ -55,7 +55,8 @@ def operation_command(spec: Spec) -> app_commands.Command[Any, ..., None]:
         described["cluster"] = spec.cluster_help
     fields = spec.params.model_fields.items()
     for name, info in sorted(fields, key=lambda f: any(isinstance(m, AdminOnly) for m in f[1].metadata)):
-        params.append(P(name, P.POSITIONAL_OR_KEYWORD, annotation=info.annotation, default=info.default))
+        default = P.empty if info.is_required() else info.get_default(call_default_factory=True)
+        params.append(P(name, P.POSITIONAL_OR_KEYWORD, annotation=info.annotation, default=default))
         described[name] = info.description or name
     callback.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     callback.__name__ = kind.replace("-", "_")
