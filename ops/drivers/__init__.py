@@ -36,6 +36,11 @@ class Driver(Protocol):
         """Where this machine reaches the head's dashboard now (opening a tunnel if that is how)."""
         ...
 
+    def tpu_endpoint(self) -> str | None:
+        """Where the cluster's Cloud TPU API answers: None for Google itself, `host:port` for the
+        local cluster's simulator (started with it)."""
+        ...
+
     def close(self) -> None:
         """Let go of what reaching the head holds open (a tunnel); the cluster itself is untouched."""
         ...

@@ -234,6 +234,10 @@ class GcpDriver:
         self.close()
 
     # -- the head --------------------------------------------------------------------------------------
+    def tpu_endpoint(self) -> None:
+        """Google's own endpoint (application default credentials)."""
+        return None
+
     def head_exists(self) -> bool | None:
         """`ray get-head-ip <config>`: an address means a head VM exists (True). False only on Ray's own
         "Head node of cluster (<name>) not found!" for this cluster, without the warning Ray prints first
