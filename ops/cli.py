@@ -11,7 +11,6 @@ import argparse
 import getpass
 import json
 import os
-import shlex
 import sys
 import traceback
 from collections.abc import Callable
@@ -22,7 +21,8 @@ from pydantic import BaseModel
 from ops.context import Context
 from ops.errors import BadInput, ExitCode, OpsError, Refused
 from ops.gcs_reader import adopt_cluster_auth
-from ops.jobs import active_jobs
+from ops.jobs import active_jobs, submit_job
+from ops.local import boot, local_cluster
 from ops.locks import holding, unlock
 from ops.render import render_jobs, render_plan, render_restart, render_status
 from ops.status import cluster_status
@@ -117,29 +117,23 @@ class Submitted(BaseModel):
 def cmd_submit(ctx: Context, args: argparse.Namespace, out: Out) -> int:
     cluster = ctx.cluster(args.cluster)
     words = args.entrypoint[1:] if args.entrypoint[:1] == ["--"] else args.entrypoint
-    entrypoint = shlex.join(words) if words else ""  # the words as the shell gave them: quote again
-    if not entrypoint:
+    if not words:
         raise BadInput(
             "submit needs an entrypoint after --", "e.g. ops submit --cluster local -- python x.py"
         )
-    kwargs: dict[str, Any] = {"entrypoint": entrypoint, "metadata": {"user": args.caller}}
+    options: dict[str, Any] = {}
     if args.submission_id:
-        kwargs["submission_id"] = args.submission_id
+        options["submission_id"] = args.submission_id
     if args.working_dir:
-        kwargs["runtime_env"] = {"working_dir": args.working_dir}
+        options["runtime_env"] = {"working_dir": args.working_dir}
     if args.num_cpus is not None:
-        kwargs["entrypoint_num_cpus"] = args.num_cpus
+        options["entrypoint_num_cpus"] = args.num_cpus
     if args.resources:
         try:
-            kwargs["entrypoint_resources"] = {k: float(v) for k, v in json.loads(args.resources).items()}
+            options["entrypoint_resources"] = {k: float(v) for k, v in json.loads(args.resources).items()}
         except (ValueError, AttributeError):
             raise BadInput("--resources must be a JSON object of numbers", 'e.g. {"TPU": 4}') from None
-    try:
-        sid = ctx.ray(cluster).submit(**kwargs)
-    except OpsError:
-        raise
-    except Exception as e:
-        raise OpsError(f"the job was not accepted by {cluster.name}: {str(e).strip()[:300]}") from None
+    sid = submit_job(ctx, cluster, words, args.caller, **options)  # the words as the shell gave them
     out.result(Submitted(cluster=cluster.name, submission_id=sid, owner=args.caller),
                f"submitted {sid} on {cluster.name} as {args.caller}")  # fmt: skip
     return 0
@@ -155,14 +149,10 @@ def cmd_update_configs(ctx: Context, args: argparse.Namespace, out: Out) -> int:
 
 
 def cmd_local(ctx: Context, args: argparse.Namespace, out: Out) -> int:
-    cluster = ctx.cluster(args.cluster)
-    if cluster.driver != "local":
-        raise BadInput(f"{cluster.name} is not a local cluster", "local clusters: " + ", ".join(
-            c.name for c in ctx.registry.clusters.values() if c.driver == "local"))  # fmt: skip
+    cluster = local_cluster(ctx, args.cluster)
     driver = ctx.driver(cluster)
     if args.action == "up":
-        out.progress(f"starting {cluster.name} (state in {driver.state_dir})")
-        text = driver.start()
+        text = boot(ctx, cluster, out.progress)
     elif args.action == "down":
         text = driver.stop()
     else:

@@ -1,4 +1,5 @@
-"""Jobs and their owners: who runs what on a cluster, and a faithful backup of each job.
+"""Jobs and their owners: who runs what on a cluster, submitting one with its owner, and a faithful
+backup of each job.
 
 Owner, in order: job metadata `user`; else `<user>` of a `ray-run-<user>-...` submission id (as the
 operators' `ray_run.py` writes them); else unknown (`raysubmit_*`). The values of `runtime_env`
@@ -8,12 +9,18 @@ env_vars are secrets to us: `public_runtime_env` is the only form that may be sh
 from __future__ import annotations
 
 import re
+import shlex
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ops.errors import BadInput, OpsError
 from ops.ray_api import PROBE_PREFIX, RayApi
+
+if TYPE_CHECKING:
+    from ops.context import Context
+    from ops.registry import Cluster
 
 ACTIVE = ("PENDING", "RUNNING")
 _RAY_RUN = re.compile(r"^ray-run-([A-Za-z0-9_.]+)-")
@@ -79,6 +86,28 @@ def active_jobs(api: RayApi) -> list[Job]:
             )
         )
     return sorted(jobs, key=lambda j: (j.start_time or 0, j.submission_id))
+
+
+def submit_job(
+    ctx: Context, cluster: Cluster, entrypoint: str | list[str], owner: str, **options: Any
+) -> str:
+    """Submit a job owned by `owner` (job metadata `user`, as the restart's backup reads it); returns
+    its submission id. A list is words as a shell gave them, quoted again (`shlex.join`) so that
+    `sh -c 'echo a b'` stays one argument; a string is the command line as typed. `options` are
+    JobSubmissionClient.submit_job's (submission_id, runtime_env, entrypoint_num_cpus, ...).
+    Blocks on the dashboard: call from a thread in the bot."""
+    command = shlex.join(entrypoint) if isinstance(entrypoint, list) else entrypoint.strip()
+    if not command:
+        raise BadInput("a job needs an entrypoint", "e.g. sleep 600, or python train.py")
+    metadata = {**(options.pop("metadata", None) or {}), "user": owner}
+    api = ctx.ray(cluster)
+    try:
+        return api.submit(entrypoint=command, metadata=metadata, **options)
+    except OpsError:
+        raise
+    except Exception as e:  # Ray's own errors: their last line says why (the rest is its traceback)
+        lines = [line for line in str(e).strip().splitlines() if line.strip()] or [type(e).__name__]
+        raise OpsError(f"the job was not accepted by {cluster.name}: {lines[-1].strip()[:300]}") from None
 
 
 class BackedUpJob(BaseModel):

@@ -19,16 +19,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bot.adapters.terminal import Console, TerminalChat
 from bot.config import DEFAULT_CONFIG
 from bot.protocol.model import Button, Message, Operation, State
+from ops.context import Context
 from ops.jobs import active_jobs
 from ops.locks import current_lock
 from ops.ray_api import RayApi
-from ops.registry import Cluster
+from ops.registry import Cluster, load_registry
+from ops.restart import Settings, start_restart
 from ops.store import LocalStore, read_model
-from tests.localray import Env, Result, wait_for
+from tests.localray import Env, Result, free_ports, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 TERMINAL = [sys.executable, "-m", "bot"]  # no DISCORD_TOKEN in the tests' environment: the terminal
@@ -38,9 +41,12 @@ windows: {confirm_s: 120, consent_s: 120, grace_s: 1, tick_s: 0.2}
 """
 
 
-def environment(ops_env: Env, tmp_path: Path, config: str | None, user: str) -> dict[str, str]:
+def environment(
+    ops_env: Env, tmp_path: Path, config: str | None, user: str, extra: dict[str, str] | None = None
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "CLUSTERBOT_", "DISCORD_"))}
     env.update(ops_env.vars, CLUSTERBOT_STORE=str(tmp_path / "store"), LOGNAME=user, USER=user)
+    env.update(extra or {})
     if config is not None:
         cfg = tmp_path / "bot.yaml"
         cfg.write_text(config)
@@ -55,6 +61,7 @@ def chat(
     config: str | None = FAST,
     user: str = "alice",
     timeout: float = 300,
+    extra: dict[str, str] | None = None,
 ) -> Result:
     """Run the terminal chat on `script` (its standard input is not a terminal: script mode)."""
     proc = subprocess.run(
@@ -62,7 +69,7 @@ def chat(
         input=textwrap.dedent(script),
         capture_output=True,
         text=True,
-        env=environment(ops_env, tmp_path, config, user),
+        env=environment(ops_env, tmp_path, config, user, extra),
         timeout=timeout,
         cwd=REPO,
     )
@@ -98,7 +105,7 @@ def test_a_restart_from_a_script_keeps_bobs_job(ops_env: Env, cluster: Cluster, 
     )
     out = r.out
     assert r.code == 0, r
-    assert "local cluster up, dashboard at http://127.0.0.1:" in out
+    assert f"[clusterbot] local cluster already up, dashboard at {cluster.dashboard_url}" in out
     old_id = re.search(r"^\[to bob\] submitted (\S+) on local as bob: sleep 600$", out, re.M).group(1)
     op_id = re.search(r"^\[#infra (\d+)\] alice asks to restart local \((local-[\w-]+)\)$", out, re.M)
     mid, op_id = op_id.groups()
@@ -138,6 +145,50 @@ def test_a_restart_from_a_script_keeps_bobs_job(ops_env: Env, cluster: Cluster, 
     for j in active_jobs(api):  # a clean slate for the next test (else its fixture restarts the head)
         api.stop(j.submission_id)
     wait_for(lambda: not active_jobs(api), 30, "bob's and carol's jobs stopped")
+
+
+def test_a_local_cluster_a_restart_stopped_is_left_to_it_then_booted_by_ops_local_up(
+    ops_env: Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Booting is one ops call for the terminal's start-up and `ops local up`: a local cluster that a
+    restart in progress stopped is left to that restart (starting it would race it) by both; once the
+    restart is gone, `ops local up` starts it and returns when it accepts jobs."""
+    raw = yaml.safe_load(ops_env.registry.read_text())  # a local cluster of this test's own, down
+    ports = free_ports()
+    raw["clusters"]["local"]["local_ports"] = ports
+    raw["clusters"]["local"]["dashboard_url"] = f"http://127.0.0.1:{ports['dashboard']}"
+    (tmp_path / "home").mkdir()
+    registry_path = tmp_path / "home" / "clusters.yaml"
+    registry_path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    extra = {"CLUSTERBOT_REGISTRY": str(registry_path), "CLUSTERBOT_HOME": str(tmp_path / "home"),
+             "CLUSTERBOT_STORE": str(tmp_path / "store")}  # fmt: skip
+    for name, value in extra.items():  # the in-process driver finds the same state dir (its pid file)
+        monkeypatch.setenv(name, value)
+    ctx = Context(LocalStore(tmp_path / "store"), load_registry(registry_path))
+    down = ctx.cluster("local")
+    run = start_restart(ctx, down, "frank", True, Settings(lease_s=3600))  # begun: its record exists
+    try:
+        held = current_lock(ctx.store, "local").describe()
+        r = chat(ops_env, tmp_path, "/submit sleep 1\n", extra=extra)
+        assert r.code == 0, r
+        assert f"[clusterbot] local cluster down: {held} brings it back (not started here)" in r.out
+        assert "[to alice] refused: " in r.out  # nothing to submit to
+        up = ops_env.ops("local", "up", extra_env=extra)
+        assert up.code == 0 and f"local cluster down: {held} brings it back" in up.out, up
+        assert not ctx.driver(down).is_up()
+    finally:
+        run.lease.release()
+    try:
+        up = ops_env.ops("local", "up", extra_env=extra)
+        assert up.code == 0 and "starting the local Ray cluster" in up.err, up
+        assert up.out.startswith("local cluster up (pid "), up
+        # accepted at once: `local up` returned only once the job agent took a submission
+        r = ops_env.ops("submit", "--cluster", "local", "--as", "dora", "--", "true", extra_env=extra)
+        assert r.code == 0 and r.out.startswith("submitted "), r
+    finally:
+        ctx.driver(down).stop()
+        ctx.close()
+    assert not ctx.driver(down).is_up()
 
 
 def readme_tour() -> str:
