@@ -144,7 +144,7 @@ class ClusterParams(Params):
     """The parameters of an operation on a cluster: `override` is the protocol's own (a protected
     cluster refuses everything else)."""
 
-    override: Annotated[bool, AdminOnly("override: allow a protected cluster")] = Field(
+    override: Annotated[bool, AdminOnly("override")] = Field(
         False, description="Admins only: allow a protected cluster (big-run)"
     )
 
