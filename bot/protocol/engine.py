@@ -4,6 +4,9 @@ request -> validate -> lock -> look at the jobs -> announce -> consent -> grace 
 All state lives in the store (the CLI's store, lock and journal), so a bot killed at any step picks
 its operations up again on start, with the consent window extended by the time it was down. The
 engine runs on one asyncio loop; store and ops calls go to threads so the loop never blocks.
+
+It knows no operation by name: each kind is a `Spec` (bot/protocol/model.py) registered in
+`bot/operations/`, which brings its parameters, ceremony, lease, look, execution and texts.
 """
 
 from __future__ import annotations

@@ -227,8 +227,3 @@ def answer(a: Affected, texts: Texts = PLAIN) -> str:
     if a.vote == Vote.SKIP:
         return texts.leave_out.answer if texts.leave_out else "OK, leave mine out"
     return {Vote.PENDING: "not answered yet", Vote.OK: "OK", Vote.OBJECT: "objects"}[a.vote]
-
-
-def describe(op: Operation, texts: Texts = PLAIN) -> str:
-    """What is asked for, in a few words ("restart local")."""
-    return texts.title(op)
