@@ -760,3 +760,26 @@ def test_an_operations_slash_command_comes_from_its_spec(fx: Fixture) -> None:
     restart = Operations.restart  # declared in one line from the registered restart
     assert [p.name for p in restart.parameters] == ["cluster", "preserve_jobs", "override", "force_unbacked"]
     assert restart.description == "Restart a cluster: announced in #infra, with consent"
+
+
+async def test_a_restarted_bot_takes_each_operation_back_under_its_own_lease(driven: Fixture) -> None:
+    engine = driven.engine({"drain": drain_spec(driven)})
+    await engine.request(ALICE, "drain", "local", {})
+    (op_id,) = engine.ops
+    await engine.close()
+
+    fresh = driven.engine({"drain": drain_spec(driven)})
+    await fresh.start()
+    try:
+        assert fresh.ops[op_id].state == State.AWAITING
+        assert current_lock(driven.store, "local").lease_s == 30  # drain's, not another kind's
+    finally:
+        await fresh.close()
+
+    gone = driven.engine({"say": say_spec([])})  # a bot that runs no drain any more
+    await gone.start()
+    try:
+        assert gone.ops[op_id].state == State.FAILED and "runs no 'drain'" in gone.ops[op_id].error
+        assert current_lock(driven.store, "local") is None  # nothing is left holding the cluster
+    finally:
+        await gone.close()

@@ -12,6 +12,7 @@ It knows no operation by name: each kind is a `Spec` (bot/protocol/model.py) reg
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import secrets
@@ -792,7 +793,12 @@ class Engine:
                 self._spawn(self._execute(op))
                 continue
             spec = self.specs.get(op.kind)
-            if spec is None:  # its kind was unregistered: nothing here can run or show it
+            if spec is None:  # its kind was unregistered: nothing here can run it, nor should it hold a lock
+                if op.cluster is not None:
+                    with contextlib.suppress(OpsError):
+                        self._leases[op.op_id] = await asyncio.to_thread(
+                            take_over, self.store, op.cluster, op.op_id, op.requester.name, 60.0, self.holder
+                        )
                 op = op.model_copy(update={"error": f"this bot runs no {op.kind!r} any more"})
                 await self._end(op, State.FAILED, "unknown_kind")
                 continue
