@@ -2,10 +2,13 @@
 50 concurrent interactions, against a minimal discord.py bot in the same run, idle and loaded; start-up
 time and idle memory.
 
-Three processes per bot, as in production: the fake Discord (bench/fake_discord_proc.py), which
-dispatches the interactions and times their answers; the bot (bench/bot_proc.py: clusterbot, or the
+Processes as in production: per bot, a fake Discord (bench/fake_discord_proc.py), which dispatches
+the interactions and times their answers, and the bot (bench/bot_proc.py: clusterbot, or the
 reference bench/minimal_bot.py that answers everything at once with a fixed text); and this
-coordinator. Figures per interaction kind, each `--rounds` bursts of `--concurrency` users:
+coordinator. Both bots are up at once and the bursts alternate between them, so both meet the same
+machine (other work on it moves the figures a lot; the ratio is what compares).
+
+Figures per interaction kind, each `--rounds` bursts of `--concurrency` users:
 - `/status`, `/status local`, `/jobs local`: `ack`, the time to the first callback (Discord's 3-second
   deadline; clusterbot defers, then fills the message), and `seen`, the time until the answer shows;
 - clicks on an announcement (user0's `/restart local`, jobs of user1 and user2 running there): OK,
@@ -160,57 +163,93 @@ def burners(on: bool) -> Iterator[None]:
             p.wait(5)
 
 
-# -- one bot ------------------------------------------------------------------------------------------
-def measure_bot(which: str, concurrency: int, rounds: int, loaded: bool) -> dict[str, Any]:
+# -- the bots, side by side ------------------------------------------------------------------------------
+class Side:
+    """One bot and its own fake Discord, up and idle; `end()` stops both."""
+
+    def __init__(self, which: str, users: list[str]) -> None:
+        self.which, self.bot, self.message_id = which, None, 0
+        self.fake = Proc(["bench.fake_discord_proc", *users])
+        try:
+            coords = self.fake.line()
+            bot_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+            self.bot = Proc(["bench.bot_proc", which, json.dumps(coords)], env=bot_env)
+            self.info: dict[str, Any] = self.bot.line()
+            self.info["startup_wall_s"] = time.perf_counter() - self.bot.started
+            self.fake.ask({"op": "connected"})
+        except BaseException:
+            self.end()
+            raise
+
+    def rss_mib(self) -> float:
+        assert self.bot is not None
+        return psutil.Process(self.bot.p.pid).memory_info().rss / 2**20
+
+    def burst(self, users: list[str], **req: Any) -> list[dict[str, Any]]:
+        return self.fake.ask({"op": "burst", "users": users, **req})["results"]
+
+    def announce(self) -> dict[str, str]:
+        """user0's /restart local; the announcement's custom_id per action."""
+        self.burst(["user0"], name="restart", options={"cluster": "local"})
+        found = self.fake.ask({"op": "buttons"})
+        if not found["message_id"]:
+            raise RuntimeError(f"{self.which}: /restart local posted no announcement with buttons")
+        self.message_id = found["message_id"]
+        return {cid.split(":")[1]: cid for cid in found["custom_ids"]}
+
+    def end(self) -> None:
+        if self.bot is not None:
+            self.bot.end()
+        self.fake.end()
+
+
+def measure_load(concurrency: int, rounds: int, loaded: bool) -> dict[str, Any]:
+    """Both bots up at once; each burst goes to one then the other (the first alternates), so both
+    meet the same machine."""
     users = [f"user{i}" for i in range(concurrency)]
-    fake = Proc(["bench.fake_discord_proc", *users])
-    bot: Proc | None = None
+    sides: list[Side] = []
     try:
-        coords = fake.line()
-        bot_env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-        bot = Proc(["bench.bot_proc", which, json.dumps(coords)], env=bot_env)
-        times = bot.line()
-        startup_wall = time.perf_counter() - bot.started
-        fake.ask({"op": "connected"})
+        for which in BOTS:
+            sides.append(Side(which, users))
         time.sleep(2.0)  # idle: what a bot holds when nobody asks
-        rss = psutil.Process(bot.p.pid).memory_info().rss / 2**20
-        out: dict[str, Any] = {"startup_wall_s": startup_wall, **times, "rss_idle_mib": rss, "kinds": {}}
+        out = {s.which: {**s.info, "rss_idle_mib": s.rss_mib(), "kinds": {}} for s in sides}
         with burners(loaded):
-            for label, (name, options) in COMMANDS.items():
-                out["kinds"][label] = run_bursts(fake, rounds, users, name=name, options=options)
-            fake.ask({"op": "burst", "users": ["user0"], "name": "restart", "options": {"cluster": "local"}})
-            found = fake.ask({"op": "buttons"})
-            if not found["message_id"]:
-                raise RuntimeError(f"{which}: /restart local posted no announcement with buttons")
-            by_action = {cid.split(":")[1]: cid for cid in found["custom_ids"]}
-            for label, action in CLICKS.items():
-                click = {"message_id": found["message_id"], "custom_id": by_action[action]}
-                out["kinds"][label] = run_bursts(fake, rounds, users, **click)
-            if "cancel" in by_action:  # before the grace ends: the benchmark restarts nothing
-                fake.ask({"op": "burst", "users": ["user0"], "message_id": found["message_id"],
-                          "custom_id": by_action["cancel"]})  # fmt: skip
-        out["rss_after_mib"] = psutil.Process(bot.p.pid).memory_info().rss / 2**20
+            plan: list[tuple[str, dict[Side, dict[str, Any]]]] = [
+                (label, {s: {"name": name, "options": options} for s in sides})
+                for label, (name, options) in COMMANDS.items()
+            ]
+            buttons = {s: s.announce() for s in sides}
+            plan += [
+                (label, {s: {"message_id": s.message_id, "custom_id": buttons[s][action]} for s in sides})
+                for label, action in CLICKS.items()
+            ]
+            for label, reqs in plan:
+                got: dict[str, list[dict[str, Any]]] = {s.which: [] for s in sides}
+                for r in range(rounds):
+                    for s in sides[r % 2 :] + sides[: r % 2]:
+                        got[s.which] += s.burst(users, **reqs[s])
+                        time.sleep(0.3)
+                for s in sides:
+                    out[s.which]["kinds"][label] = summary(got[s.which])
+            for s in sides:  # before the grace ends: the benchmark restarts nothing
+                if "cancel" in buttons[s]:
+                    s.burst(["user0"], message_id=s.message_id, custom_id=buttons[s]["cancel"])
+        for s in sides:
+            out[s.which].update(rss_after_mib=s.rss_mib(), load_1min=os.getloadavg()[0])
         return out
     finally:
-        if bot is not None:
-            bot.end()
-        fake.end()
+        for s in sides:
+            s.end()
 
 
-def run_bursts(fake: Proc, rounds: int, users: list[str], **req: Any) -> dict[str, Any]:
-    ack: list[float] = []
-    seen: list[float] = []
-    failed = 0
-    for _ in range(rounds):
-        got = fake.ask({"op": "burst", "users": users, **req})["results"]
-        for r in got:
-            if r.get("ack") is None or r.get("seen") is None:
-                failed += 1
-            else:
-                ack.append(r["ack"])
-                seen.append(r["seen"])
-        time.sleep(0.5)
-    return {"ack": _pct(ack), "seen": _pct(seen), "failed": failed, "n": len(ack) + failed}
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    done = [r for r in results if r.get("ack") is not None and r.get("seen") is not None]
+    return {
+        "ack": _pct([r["ack"] for r in done]),
+        "seen": _pct([r["seen"] for r in done]),
+        "failed": len(results) - len(done),
+        "n": len(results),
+    }
 
 
 def _pct(xs: list[float]) -> dict[str, float | None]:
@@ -225,10 +264,9 @@ def _pct(xs: list[float]) -> dict[str, float | None]:
 def measure(concurrency: int, rounds: int, loads: list[str]) -> dict[str, Any]:
     figures: dict[str, Any] = {"concurrency": concurrency, "rounds": rounds, "runs": {}}
     for load in loads:
-        for which in BOTS:
-            say(f"{load}: {which} bot, {rounds} x {concurrency} of each interaction")
-            figures["runs"][f"{load}/{which}"] = measure_bot(which, concurrency, rounds, load == "loaded")
-            figures["runs"][f"{load}/{which}"]["load_1min"] = os.getloadavg()[0]
+        say(f"{load}: {', '.join(BOTS)} side by side, {rounds} x {concurrency} of each interaction")
+        for which, fig in measure_load(concurrency, rounds, load == "loaded").items():
+            figures["runs"][f"{load}/{which}"] = fig
     return figures
 
 
