@@ -20,12 +20,19 @@ Adding one changes no line of the engine, the rules or an adapter beyond declari
 
 from __future__ import annotations
 
-from bot.operations import restart
+from bot.operations import add_worker, clean_preempted, restart
 from bot.protocol.model import Spec
 from ops.restart import Settings as RestartSettings
+from ops.workers import Settings as WorkerSettings
 
 
-def registered(restart_settings: RestartSettings | None = None) -> dict[str, Spec]:
+def registered(
+    restart_settings: RestartSettings | None = None, worker_settings: WorkerSettings | None = None
+) -> dict[str, Spec]:
     """Every operation the bot offers, by kind (its command's name); tests pass shorter timings."""
-    specs = [restart.spec(restart_settings)]
+    specs = [
+        restart.spec(restart_settings),
+        add_worker.spec(worker_settings),
+        clean_preempted.spec(worker_settings),
+    ]
     return {s.kind: s for s in specs}
