@@ -40,7 +40,7 @@ from ops.drivers import Driver
 from ops.errors import OpsError, Refused
 from ops.jobs import BackedUpJob, Job, active_jobs, owner_of, package_uris, resubmitted_id
 from ops.locks import Lease, LockRecord, acquire, current_lock, held_refusal, operation_scope, take_over
-from ops.ray_api import RayApi, TokenRefused
+from ops.ray_api import RayApi
 from ops.registry import Cluster
 from ops.store import Store, dump, read_model
 
@@ -290,7 +290,13 @@ class RestartRun:
         self.settings = settings
         self.progress = progress
         self.driver = ctx.driver(cluster)
-        self.api = ctx.ray(cluster)
+        self._api: RayApi | None = None  # reached when a step needs it: a failure then fails that step
+
+    @property
+    def api(self) -> RayApi:
+        if self._api is None:
+            self._api = self.ctx.ray(self.cluster)
+        return self._api
 
     # -- record keeping -------------------------------------------------------------------------
     def _save(self, **changes: Any) -> None:
@@ -346,16 +352,18 @@ class RestartRun:
 
     def _fail(self, e: BaseException) -> None:
         """Leave the operation resumable at once: the lock stays, its lease is ended now. A restart
-        refused before its first step touched nothing: it gives the cluster back instead."""
+        that failed in its first step (refused, or it could not reach the head) stopped nothing: it
+        gives the cluster back instead."""
         self.lease.stop_renewing()
         if self.lease.lost:
             return
         reason = e.reason if isinstance(e, OpsError) else f"{type(e).__name__}: {e}"
-        untouched = self.record.step == Step.PLANNED and isinstance(e, Refused | TokenRefused)
+        untouched = self.record.step == Step.PLANNED
         try:
             if untouched:
                 self._save(error=reason, step=Step.ABANDONED, finished_at=datetime.now(UTC))
-                journal.append(self.store, self.record.scope, "refused", error=reason)
+                event = "refused" if isinstance(e, Refused) else "failed_untouched"
+                journal.append(self.store, self.record.scope, event, error=reason)
                 self.lease.release()
                 return
             self._save(error=reason)
@@ -510,7 +518,7 @@ class RestartRun:
         t = time.monotonic()
         self.progress(self.driver.start())
         timeout = self.settings.head_timeout_s or (120.0 if self.cluster.driver == "local" else 1200.0)
-        self.api = self.ctx.ray(self.cluster)  # a new head: maybe a new address
+        self._api = self.ctx.ray(self.cluster)  # a new head: maybe a new address
         self.api.wait_accepting(timeout)
         self.progress("head is accepting jobs")
         # Registered reserved workers are re-added here once add-worker exists (see the issues).

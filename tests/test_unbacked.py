@@ -22,7 +22,7 @@ from ops.errors import OpsError, Refused
 from ops.jobs import active_jobs
 from ops.locks import current_lock
 from ops.ray_api import RayApi
-from ops.registry import DEFAULT_REGISTRY, Cluster, load_registry
+from ops.registry import DEFAULT_REGISTRY, Cluster, SshKeySource, load_registry
 from ops.restart import Settings, Step, find_record, plan_restart, resume_restart, start_restart
 from ops.store import LocalStore, open_store
 from tests.localray import Env, cont, dashboard_process, wait_for
@@ -311,3 +311,25 @@ def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_on_resume(
     (again,) = result.resubmitted
     assert again.attempt == 2 and again.new_id.endswith("-2")
     assert RayApi(cluster).status(again.new_id) == "RUNNING"
+
+
+def test_a_gcp_cluster_this_machine_cannot_reach_at_all_is_given_back(
+    gcp_cluster: Cluster, tmp_path: Path
+) -> None:
+    """No SSH key for its tunnel: the restart fails in its first step, before anything is stopped, and
+    leaves no lock behind (nothing to resume)."""
+    store = LocalStore(tmp_path / "store")
+    cluster = gcp_cluster.model_copy(
+        update={"reach": "tunnel", "ssh_key": SshKeySource(file=str(tmp_path / "missing.pem"))}
+    )
+    ray = FakeRay(head_ip="127.0.0.9")
+    run = start_restart(
+        Context(store, driver_factory=lambda c: GcpDriver(c, runner=ray)), cluster, "alice", True
+    )
+
+    with pytest.raises(OpsError, match="no SSH key"):
+        run.run()
+
+    assert "down" not in ray.calls
+    assert current_lock(store, cluster.name) is None
+    assert find_record(store, cluster.name, run.record.op_id).step == Step.ABANDONED
