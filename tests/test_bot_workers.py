@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import asyncio
 
+import discord
+import pytest
+
+from bot.adapters.cogs.workers import Workers
+from bot.adapters.discord_bot import ClusterBot
 from bot.adapters.recorder import Recorder
 from bot.config import BotConfig, Rights, Windows
+from bot.config import Settings as BotSettings
 from bot.operations import add_worker, registered
 from bot.protocol.engine import Engine
 from bot.protocol.model import State, User
@@ -18,6 +24,7 @@ from ops.errors import BadInput
 from ops.locks import acquire, current_lock
 from ops.sim import FaultKind, SimServer
 from ops.workers import Settings, ledger
+from tests.fakes.discord_api import ADMINISTRATOR, FakeDiscord, FakeInteraction, run_bot
 from tests.test_workers import ZONE, ctx, sim  # noqa: F401 - the same simulator and context
 
 ALICE = User(id="alice", name="alice")
@@ -124,3 +131,64 @@ async def test_bob_cleans_preempted_vms_from_chat(ctx: Context, sim: SimServer) 
     assert "1 preempted or terminated TPU VM(s)" in announcement.text
     assert f"{record.qr_id} (node, v4-8, clusterbot, PREEMPTED): deleted" in report.text
     assert ctx.tpu(ctx.cluster("local")).list_nodes(ZONE) == []
+
+
+# -- through the real discord.py client against the fake Discord ----------------------------------------
+PEOPLE = ("alice", "bob", "root")
+
+
+class WorkersBot(ClusterBot):
+    """The bot with the workers cog, as discord_bot.py's setup_hook registers it once the lead adds it."""
+
+    async def setup_hook(self) -> None:
+        if self.get_cog("Workers") is None:
+            await self.add_cog(Workers(self.engine), guild=discord.Object(self.guild_id))
+        await super().setup_hook()
+
+
+async def answer(inter: FakeInteraction) -> tuple[str, bool]:
+    first = await inter.response()
+    assert first.latency < 3.0
+    if first.type == 4:
+        return first.content or "", first.ephemeral
+    msg = await inter.wait_original()
+    return msg.content, msg.ephemeral
+
+
+async def slash(fake: FakeDiscord, user: str, name: str, **options: object) -> tuple[str, bool]:
+    return await answer(await fake.slash(user, name, options=options, channel="infra"))
+
+
+@pytest.mark.timeout(60)
+async def test_alice_types_add_worker_v4_8_reserved_in_discord(ctx: Context) -> None:
+    async with FakeDiscord(users=PEOPLE, roles={"infra-admin": ADMINISTRATOR}) as fake:
+        settings = BotSettings(
+            discord_token=fake.token,
+            guild_id=fake.guild.id,
+            infra_channel_id=fake.guild.channel("infra").id,
+            config=BotConfig(
+                rights=Rights(admin_roles=[str(fake.guild.role("infra-admin").id)]), windows=FAST
+            ),
+            config_path=None,
+        )
+        specs = registered(worker_settings=Settings(timeout_s=10, lease_s=30))
+        bot = WorkersBot(settings, ctx=ctx, specs=specs, connector=fake.connector(), guild_ready_timeout=0.05)
+        async with run_bot(bot, fake):
+            # The cluster option offers the clusters that can take the type typed so far.
+            v5e = {"tpu_type": "v5litepod-4", "capacity": "spot"}
+            offered = await fake.autocomplete("alice", "add-worker", "cluster", "", options=v5e)
+            assert [c["value"] for c in offered] == ["sim-b", "sim-a2"]
+            text, private = await slash(fake, "alice", "add-worker", **v5e)
+            assert private and "2 clusters could take v5litepod-4: sim-b, sim-a2" in text
+
+            text, private = await slash(fake, "alice", "add-worker", tpu_type="v4-8", capacity="reserved")
+            assert private and "add-worker v4-8 (reserved) to local announced in #infra" in text, text
+            report = await fake.wait_for_message(lambda m: "is done" in m.content, 20, channel="infra")
+            assert "1 of 1 v4-8 (reserved) ready on local" in report.content
+            [announcement] = [m for m in fake.messages("infra") if "asks to" in m.content]
+            assert "**alice** asks to **add-worker v4-8 (reserved) to local**" in announcement.content
+
+            [record] = ledger(ctx, "local")
+            text, private = await slash(fake, "bob", "workers", cluster="local")
+            assert not private and record.qr_id in text and "ACTIVE/READY" in text
+        assert fake.unknown_routes == []
