@@ -17,19 +17,35 @@ import textwrap
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 import yaml
+from pydantic import Field
 
 from bot.adapters.terminal import Console, TerminalChat
-from bot.config import DEFAULT_CONFIG
-from bot.protocol.model import Button, Message, Operation, State
+from bot.adapters.terminal.commands import Terminal
+from bot.config import DEFAULT_CONFIG, BotConfig, Rights, Settings
+from bot.protocol.engine import Engine
+from bot.protocol.model import (
+    AdminOnly,
+    Button,
+    ClusterParams,
+    Look,
+    Message,
+    Operation,
+    Outcome,
+    Params,
+    Spec,
+    State,
+)
 from ops.context import Context
 from ops.jobs import active_jobs
 from ops.locks import current_lock
 from ops.ray_api import RayApi
 from ops.registry import Cluster, load_registry
-from ops.restart import Settings, start_restart
+from ops.restart import Settings as RestartSettings
+from ops.restart import start_restart
 from ops.store import LocalStore, read_model
 from tests.localray import Env, Result, free_ports, wait_for
 
@@ -166,7 +182,7 @@ def test_a_local_cluster_a_restart_stopped_is_left_to_it_then_booted_by_ops_loca
         monkeypatch.setenv(name, value)
     ctx = Context(LocalStore(tmp_path / "store"), load_registry(registry_path))
     down = ctx.cluster("local")
-    run = start_restart(ctx, down, "frank", True, Settings(lease_s=3600))  # begun: its record exists
+    run = start_restart(ctx, down, "frank", True, RestartSettings(lease_s=3600))  # begun: its record exists
     try:
         held = current_lock(ctx.store, "local").describe()
         r = chat(ops_env, tmp_path, "/submit sleep 1\n", extra=extra)
@@ -267,7 +283,7 @@ def test_bad_input_and_wrong_users_change_nothing(ops_env: Env, cluster: Cluster
         "[to alice] refused: unknown cluster 'nowhere'; valid: ",
         "[to alice] refused: unknown command /restrat; did you mean /restart?",
         "[to alice] refused: unknown command restart; did you mean /restart?",
-        "[to alice] refused: unknown flag --presrve; did you mean --no-preserve?",
+        "[to alice] refused: unknown flag --presrve; did you mean --no-preserve-jobs?",
         "[to alice] refused: there is no open operation to confirm",
         "[to alice] refused: usage: /submit ENTRYPOINT...",
         "[to alice] announced local-",
@@ -478,6 +494,94 @@ async def test_the_chat_prints_posts_edits_and_mentions_plainly(at: datetime) ->
         "[#infra edit 7] from an earlier life\n"
         "                two lines\n"
     )
+
+
+class Say(Params):
+    text: str = Field(description="What to say in #infra")
+    loud: Annotated[bool, AdminOnly("loud (mention everyone)")] = False
+
+
+class Drain(ClusterParams):
+    minutes: int = Field(5, ge=1, le=60, description="How long to drain")
+
+
+async def test_operations_declared_only_as_specs_are_terminal_commands(tmp_path: Path) -> None:
+    """The terminal offers every operation of the engine from its spec, with no line of its own:
+    `/<kind> [CLUSTER] [VALUE ...] [name=value ...] [--flag]`; the engine judges the values."""
+    said: list[str] = []
+
+    def say(engine, op, lease, progress):  # noqa: ANN001, ANN202
+        said.append(op.params["text"])
+        return Outcome(f"said {op.params['text']!r}", owners=[])
+
+    def drain(engine, op, lease, progress):  # noqa: ANN001, ANN202
+        raise AssertionError("nobody confirmed: the drain must not run")
+
+    nothing = lambda engine, cluster, user, params: Look([], [])  # noqa: E731
+    specs = {
+        "say": Spec("say", "announce", nothing, say, params=Say, needs_cluster=False, summary="Say it"),
+        "drain": Spec("drain", "full", nothing, drain, params=Drain, summary="Drain a cluster"),
+    }
+
+    class Out:
+        text = ""
+
+        def write(self, s: str) -> None:
+            self.text += s
+
+        def flush(self) -> None:
+            pass
+
+    out = Out()
+    console = Console(out)
+    config = BotConfig(rights=Rights(admins=["admin"]))
+    settings = Settings(
+        discord_token=None, guild_id=None, infra_channel_id=None, config=config, config_path=None
+    )
+    ctx = Context(LocalStore(tmp_path / "store"), load_registry())
+    engine = Engine(ctx, config, TerminalChat(console), specs)
+    term = Terminal(engine, console, settings, "alice", "admins: admin")
+    for line in ("/help", "/say hello", "/say 'hi there' --loud", "/say text=again local", "/say",
+                 "/drain", "/drain nowhere", "/drain local --overide", "/drain local minutes=99",
+                 "/drain local minutes=7"):  # fmt: skip
+        await term.handle(line)
+    await engine.wait_executing(10)
+    await engine.close()
+
+    text = out.text
+    shown = [line.strip() for line in text.splitlines()]
+    i = shown.index("/say TEXT [--loud]")  # /help: each operation's usage, summary and parameters
+    assert shown[i : i + 4] == [
+        "/say TEXT [--loud]",
+        "Say it",
+        "text: What to say in #infra",
+        "loud (--loud)",
+    ]
+    assert shown[i + 4 : i + 8] == [
+        "/drain CLUSTER [minutes=5] [--override]",
+        "Drain a cluster",
+        "override (--override): Admins only: allow a protected cluster (big-run)",
+        "minutes: How long to drain",
+    ]
+    replies = [line for line in text.splitlines() if line.startswith("[to ")]
+    expected = [
+        "[to alice] say announced in #infra (#infra message 1) and started",
+        "[to alice] refused: loud (mention everyone) is for admins",
+        "[to alice] refused: too many words: local (usage: /say TEXT [--loud])",
+        "[to alice] refused: bad parameters for /say: text: Field required",
+        "[to alice] refused: /drain needs a cluster; valid: ",
+        "[to alice] refused: unknown cluster 'nowhere'; valid: ",
+        "[to alice] refused: unknown flag --overide; did you mean --override? (usage: /drain CLUSTER",
+        "[to alice] refused: bad parameters for /drain: minutes: Input should be less than or equal to 60",
+        "[to alice] announced local-",
+    ]
+    assert len(replies) == len(expected), text
+    for line, start in zip(replies, expected, strict=True):
+        assert line.startswith(start), f"{line!r} does not start with {start!r}\n{text}"
+    assert said == ["hello"]
+    (drained,) = [op for op in engine.ops.values() if op.kind == "drain"]
+    assert drained.cluster == "local" and drained.params == {"override": False, "minutes": 7}
+    assert drained.state == State.AWAITING
 
 
 def test_a_bot_killed_mid_restart_finishes_it_once_on_its_next_start(

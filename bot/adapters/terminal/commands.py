@@ -1,8 +1,9 @@
 """The terminal's commands: what a typed line means, as engine calls, and how the answer prints.
 
 `Terminal.handle` reads a line (comments dropped, words split as a shell would) and calls the
-command's handler from one table; the buttons of an announcement are words (bot.adapters.terminal.words),
-/wait and /wait-state belong to scripts (bot.adapters.terminal.script).
+command's handler from one table: the commands here, and every operation the engine offers (read
+from its spec: bot.adapters.terminal.operations). The buttons of an announcement are words
+(bot.adapters.terminal.words); /wait and /wait-state belong to scripts (bot.adapters.terminal.script).
 """
 
 from __future__ import annotations
@@ -13,19 +14,17 @@ import re
 import shlex
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
 
-from bot.adapters.terminal import script, words
+from bot.adapters.terminal import operations, script, words
 from bot.adapters.terminal.console import Console, button_word, plain
 from bot.adapters.terminal.help import help_text
 from bot.config import Settings
 from bot.protocol import rules
 from bot.protocol.engine import Engine
-from bot.protocol.model import Reply, State, User
+from bot.protocol.model import Reply, Spec, State, User
 from ops.errors import OpsError
 from ops.jobs import submit_job
 
-RESTART_FLAGS = ("--no-preserve", "--override", "--force-unbacked")
 TRAILING_COMMENT = re.compile(r"\s+#.*$")
 NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 
@@ -46,7 +45,6 @@ class Terminal:
         self.waiting = False  # in /wait or /wait-state: Ctrl-C ends the wait, not the chat
         self.interrupted = asyncio.Event()
         self.commands: dict[str, Handler] = {
-            "/restart": self.cmd_restart,
             "/status": self.cmd_status,
             "/jobs": self.cmd_jobs,
             "/unlock": self.cmd_unlock,
@@ -61,6 +59,8 @@ class Terminal:
             "/wait-state": lambda args, rest: script.cmd_wait_state(self, args),
             "/help": self.cmd_help,
         }
+        for kind, spec in engine.specs.items():  # every operation, as its spec declares it
+            self.commands.setdefault(f"/{kind}", lambda args, rest, spec=spec: self.request(spec, args))
 
     def interrupt(self) -> bool:
         """Ctrl-C: end a wait in progress (True), or tell the caller there was none (False)."""
@@ -137,26 +137,10 @@ class Terminal:
     async def cmd_help(self, args: list[str], rest: str) -> None:
         self.note(help_text(self.engine, self.settings, self.user, self.admin_note, script.MAX_WAIT_S))
 
-    async def cmd_restart(self, args: list[str], rest: str) -> None:
-        usage = "usage: /restart CLUSTER [--no-preserve] [--override] [--force-unbacked]"
-        flags = [a for a in args if a.startswith("-")]
-        names = [a for a in args if not a.startswith("-")]
-        for flag in flags:
-            if flag not in RESTART_FLAGS:
-                close = difflib.get_close_matches(flag, RESTART_FLAGS, n=1)
-                self.reply(f"unknown flag {flag}" + (f"; did you mean {close[0]}?" if close else "")
-                           + f" ({usage})", ok=False)  # fmt: skip
-                return
-        if len(names) != 1:
-            clusters = ", ".join(self.engine.registry.clusters)
-            self.reply(f"{usage}; clusters: {clusters}", ok=False)
-            return
-        params: dict[str, Any] = {"preserve_jobs": "--no-preserve" not in flags}
-        if "--override" in flags:
-            params["override"] = True
-        if "--force-unbacked" in flags:
-            params["force_unbacked"] = True
-        r = await self.engine.request(self.user, "restart", names[0], params)
+    async def request(self, spec: Spec, args: list[str]) -> None:
+        """Any registered operation: the words read against its parameters, the engine decides."""
+        cluster, params = operations.parse(spec, args)
+        r = await self.engine.request(self.user, spec.kind, cluster, params)
         if r.ok:
             r = Reply(r.text.replace("Confirm there", "type confirm"), r.ephemeral, r.ok)
         self.show(r)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+from bot.adapters.terminal.operations import describe
 from bot.config import Settings
 from bot.protocol.engine import Engine
 from bot.protocol.model import State, User
 
 HELP = """\
-commands (you act as {user}{admin}; clusters: {clusters}):
-  /restart CLUSTER [--no-preserve] [--override] [--force-unbacked]
-                             ask for a restart (announced in #infra, then consent); admins: --override
-                             for a protected cluster, --force-unbacked to restart even if the head does
-                             not answer (jobs are NOT backed up)
+operations (you act as {user}{admin}; clusters: {clusters}); any parameter may also be name=value:
+{operations}
+commands:
   /status [CLUSTER]          head, workers, jobs by owner, operation in progress
   /jobs CLUSTER              running and pending jobs and their owners
   /unlock CLUSTER            admin: force-unlock a cluster (its open operation is cancelled)
@@ -31,7 +30,7 @@ the buttons of an announcement are words; each acts on the newest operation you 
   delay MINUTES [OP]         an affected owner asks for time to checkpoint ({delays})
   skip [OP]                  an affected owner: don't resubmit my jobs (backed up, not resubmitted)
   cancel [OP]                the requester or an admin drops it (also during the countdown)
-  override [OP]              an admin passes the consent (and protection, with /restart --override)
+  override [OP]              an admin passes the consent (and protection, with --override)
 {admins}
 windows: confirm {confirm}, consent {consent}, grace {grace} (from {config})"""
 
@@ -47,6 +46,7 @@ def help_text(engine: Engine, settings: Settings, user: User, admin_note: str, m
     w = engine.windows
     return HELP.format(
         user=user.name,
+        operations="\n".join(describe(spec) for spec in engine.specs.values()),
         admin=", an admin" if engine.is_admin(user) else "",
         clusters=", ".join(engine.registry.clusters),
         max_wait=max_wait_s,
