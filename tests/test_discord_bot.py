@@ -12,6 +12,7 @@ rights, and a Discord administrator, who sees /unlock), mallory has no jobs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ import pytest_asyncio
 
 from bot.adapters.discord_bot import CUSTOM_ID, ClusterBot
 from bot.config import BotConfig, ConfigError, Rights, Settings, Windows
+from bot.operations import registered
 from bot.protocol.engine import ALIVE_KEY, Look, Outcome, Spec
 from bot.protocol.model import Message, State
 from ops import journal
@@ -98,7 +100,8 @@ class World:
                 lease.release()
             return Outcome("all went well", owners=[j.owner for j in self.jobs if j.owner])
 
-        return Spec("restart", "full", look=look, execute=execute)
+        restart = registered(RestartSettings(lease_s=30))["restart"]  # its parameters and texts
+        return dataclasses.replace(restart, look=look, execute=execute)
 
     def bot(self) -> ClusterBot:
         return ClusterBot(
