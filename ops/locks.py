@@ -13,6 +13,7 @@ id of the operation holding it.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import threading
 from datetime import UTC, datetime, timedelta
@@ -277,6 +278,11 @@ def _release_held(store: Store, cluster: str, op_id: str | None) -> LockRecord |
 def force_unlock(store: Store, cluster: str) -> LockRecord | None:
     """Admin way out (the bot's /unlock): release whatever holds `cluster`. Returns what was released."""
     return _release_held(store, cluster, None)
+
+
+def new_op_id(scope: str) -> str:
+    """A new operation's id: its cluster (or, without one, its kind), the UTC time, a random suffix."""
+    return f"{scope}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
 def operation_scope(cluster: str, op_id: str) -> str:

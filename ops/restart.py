@@ -22,7 +22,6 @@ is refused by Ray as a duplicate rather than run twice.
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import time
 from collections import Counter
@@ -39,7 +38,16 @@ from ops.context import Context
 from ops.drivers import Driver
 from ops.errors import OpsError, Refused
 from ops.jobs import BackedUpJob, Job, active_jobs, owner_of, package_uris, resubmitted_id
-from ops.locks import Lease, LockRecord, acquire, current_lock, held_refusal, operation_scope, take_over
+from ops.locks import (
+    Lease,
+    LockRecord,
+    acquire,
+    current_lock,
+    held_refusal,
+    new_op_id,
+    operation_scope,
+    take_over,
+)
 from ops.ray_api import RayApi
 from ops.registry import Cluster
 from ops.store import Store, dump, read_model
@@ -143,10 +151,6 @@ class RestartResult(BaseModel):
     total_s: float
     unbacked: bool = False
     left_out: dict[str, str] = Field(default_factory=dict)  # job id -> who asked not to resubmit it
-
-
-def new_op_id(cluster: str) -> str:
-    return f"{cluster}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
 def _record_key(cluster: str, op_id: str) -> str:

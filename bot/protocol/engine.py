@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import re
-import secrets
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -46,7 +45,7 @@ from bot.protocol.model import (
 from ops import journal
 from ops.context import Context
 from ops.errors import OpsError
-from ops.locks import Lease, acquire, current_lock, force_unlock, take_over
+from ops.locks import Lease, acquire, current_lock, force_unlock, new_op_id, take_over
 from ops.store import Conflict, dump, read_model
 
 __all__ = ["Chat", "Engine", "Look", "Outcome", "Spec"]  # the plug-in's types live in model.py
@@ -96,11 +95,6 @@ class _Alive(BaseModel):
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def new_op_id(scope: str) -> str:
-    """A new operation's id: its cluster (or, without one, its kind), the UTC time, a random suffix."""
-    return f"{scope}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(3)}"
 
 
 Clock = Callable[[], datetime]  # aware UTC now: the windows' time (tests drive it; real time otherwise)
