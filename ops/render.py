@@ -84,6 +84,7 @@ def render_restart(r: Any) -> str:
     lines += [f"  FAILED {x.owner or 'unknown'}: {x.old_id}: {x.error}" for x in r.resubmitted
               if x.status != "submitted"]  # fmt: skip
     lines += [f"left out (not resubmitted) on {who}'s word: {sid}" for sid, who in r.left_out.items()]
+    lines += [f"reserved worker {w}" for w in r.workers]
     if r.unbacked:
         lines.append("jobs were NOT backed up: the head did not answer and an admin forced the restart")
     lines += [f"not preserved: {n}" for n in r.not_preserved]

@@ -116,6 +116,7 @@ class RestartRecord(BaseModel):
     unbacked: bool = False  # it went on without a backup (forced): jobs may be lost
     skip_resubmit: dict[str, str] = Field(default_factory=dict)  # job id -> who asked to leave it out
     head_node: str | None = None  # the new head's node id, checked while settling
+    workers: list[str] = Field(default_factory=list)  # the ledger's workers after the restart, one line each
 
     @property
     def scope(self) -> str:
@@ -151,6 +152,7 @@ class RestartResult(BaseModel):
     total_s: float
     unbacked: bool = False
     left_out: dict[str, str] = Field(default_factory=dict)  # job id -> who asked not to resubmit it
+    workers: list[str] = Field(default_factory=list)  # reserved workers re-added, one line each
 
 
 def _record_key(cluster: str, op_id: str) -> str:
@@ -352,6 +354,7 @@ class RestartRun:
             total_s=time.monotonic() - t0,
             unbacked=r.unbacked,
             left_out=r.skip_resubmit,
+            workers=r.workers,
         )
 
     def _fail(self, e: BaseException) -> None:
@@ -525,8 +528,12 @@ class RestartRun:
         self._api = self.ctx.ray(self.cluster)  # a new head: maybe a new address
         self.api.wait_accepting(timeout)
         self.progress("head is accepting jobs")
-        # Registered reserved workers are re-added here once add-worker exists (see the issues).
-        self._advance(Step.CLUSTER_STARTED, t, head_node=self._head_node())
+        from ops.workers import readd_workers  # the reserved-capacity ledger: its workers serve the new head
+
+        workers = readd_workers(self.ctx, self.cluster, self.progress)
+        for line in workers:
+            self.progress(line)
+        self._advance(Step.CLUSTER_STARTED, t, head_node=self._head_node(), workers=workers)
 
     def _head_node(self) -> str | None:
         """The id of the head node, alive (None when the dashboard cannot say)."""

@@ -34,6 +34,7 @@ from bot.adapters.cogs import CONTENT_LIMIT, NO_PINGS, answer_privately, fit, se
 from bot.adapters.cogs.operations import Operations
 from bot.adapters.cogs.owners import Owners
 from bot.adapters.cogs.readonly import ReadOnly
+from bot.adapters.cogs.workers import Workers
 from bot.app import build_engine
 from bot.config import ConfigError, Settings
 from bot.protocol.engine import Spec
@@ -160,6 +161,7 @@ class ClusterBot(commands.Bot):
         await self.add_cog(Operations(self.engine), guild=guild)
         await self.add_cog(ReadOnly(self.engine), guild=guild)
         await self.add_cog(Owners(self.engine), guild=guild)
+        await self.add_cog(Workers(self.engine), guild=guild)
         self.add_dynamic_items(ActionButton)  # before the gateway: old buttons work from the start
         await self._check_channel()
         # Guild commands update at once; global ones would take up to an hour and are never synced.

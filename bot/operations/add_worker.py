@@ -88,6 +88,7 @@ def spec(settings: Settings | None = None) -> Spec:
         kind="add-worker",
         ceremony="announce",
         look=look,
+        infer_cluster=lambda engine, params: infer_cluster(engine, str(params.get("tpu_type", ""))),
         execute=execute,
         params=Params,
         lease_s=settings.lease_s,

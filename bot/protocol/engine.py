@@ -340,6 +340,11 @@ class Engine:
             return Reply(f"unknown operation {kind!r}; valid: {', '.join(self.specs)}", ok=False)
         cluster_name = (cluster_name or "").strip() or None
         clusters = ", ".join(self.registry.clusters)
+        if spec.needs_cluster and cluster_name is None and spec.infer_cluster is not None:
+            try:
+                cluster_name = await asyncio.to_thread(spec.infer_cluster, self, dict(params or {}))
+            except OpsError as e:
+                return Reply(str(e), ok=False)
         if spec.needs_cluster and cluster_name is None:
             return Reply(f"/{kind} needs a cluster; valid: {clusters}", ok=False)
         if not spec.needs_cluster and cluster_name is not None:

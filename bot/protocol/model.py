@@ -255,6 +255,9 @@ class Spec:
     texts: Texts = PLAIN
     owns_lock: bool = False
     outside: Callable[[Any, str, str], Outside | None] | None = None  # (store, cluster, op id)
+    # Where a request that names no cluster goes (add-worker: by its TPU type); OpsError names the
+    # candidates. Sync (it may read the cloud's types): the engine runs it in a thread.
+    infer_cluster: Callable[[Engine, dict[str, Any]], str] | None = None
 
     def parse(self, op: Operation) -> Params:
         """The operation's parameters as this kind's model (they were validated at the request)."""
