@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-import discord
 import pytest
 
-from bot.adapters.cogs.workers import Workers
 from bot.adapters.discord_bot import ClusterBot
 from bot.adapters.recorder import Recorder
 from bot.config import BotConfig, Rights, Windows
@@ -137,15 +135,6 @@ async def test_bob_cleans_preempted_vms_from_chat(ctx: Context, sim: SimServer) 
 PEOPLE = ("alice", "bob", "root")
 
 
-class WorkersBot(ClusterBot):
-    """The bot with the workers cog, as discord_bot.py's setup_hook registers it once the lead adds it."""
-
-    async def setup_hook(self) -> None:
-        if self.get_cog("Workers") is None:
-            await self.add_cog(Workers(self.engine), guild=discord.Object(self.guild_id))
-        await super().setup_hook()
-
-
 async def answer(inter: FakeInteraction) -> tuple[str, bool]:
     first = await inter.response()
     assert first.latency < 3.0
@@ -172,7 +161,7 @@ async def test_alice_types_add_worker_v4_8_reserved_in_discord(ctx: Context) -> 
             config_path=None,
         )
         specs = registered(worker_settings=Settings(timeout_s=10, lease_s=30))
-        bot = WorkersBot(settings, ctx=ctx, specs=specs, connector=fake.connector(), guild_ready_timeout=0.05)
+        bot = ClusterBot(settings, ctx=ctx, specs=specs, connector=fake.connector(), guild_ready_timeout=0.05)
         async with run_bot(bot, fake):
             # The cluster option offers the clusters that can take the type typed so far.
             v5e = {"tpu_type": "v5litepod-4", "capacity": "spot"}
