@@ -105,9 +105,10 @@ def submit_job(
         return api.submit(entrypoint=command, metadata=metadata, **options)
     except OpsError:
         raise
-    except Exception as e:  # Ray's own errors: their last line says why (the rest is its traceback)
-        lines = [line for line in str(e).strip().splitlines() if line.strip()] or [type(e).__name__]
-        raise OpsError(f"the job was not accepted by {cluster.name}: {lines[-1].strip()[:300]}") from None
+    except Exception as e:  # Ray's: "Request failed with status code 500: <the agent's traceback>\n."
+        said = [line.strip() for line in str(e).splitlines() if any(c.isalnum() for c in line)]
+        why = said[-1] if said else type(e).__name__  # a traceback's last line says why
+        raise OpsError(f"the job was not accepted by {cluster.name}: {why[:300]}") from None
 
 
 class BackedUpJob(BaseModel):
