@@ -10,7 +10,7 @@ from pydantic import Field
 from bot.protocol.engine import Engine
 from bot.protocol.model import ClusterParams, Look, Operation, Outcome, Progress, Spec, Texts, User
 from ops.errors import OpsError
-from ops.locks import Lease, take_over
+from ops.locks import Lease
 from ops.registry import Cluster
 from ops.workers import MAX_COUNT, Settings, add_worker, resolve_cluster
 
@@ -66,20 +66,13 @@ def spec(settings: Settings | None = None) -> Spec:
     def execute(engine: Engine, op: Operation, lease: Lease | None, progress: Progress) -> Outcome:
         assert op.cluster is not None  # needs_cluster
         params = Params.model_validate(op.params)
-        mine = None
-        if lease is None:  # resumed after a bot restart: the lock is still the operation's
-            mine = lease = take_over(engine.store, op.cluster, op.op_id, op.requester.name, settings.lease_s,
-                                     holder=engine.holder)  # fmt: skip
-            mine.start_renewing()
-        try:
-            result = add_worker(
-                engine.ctx, params.tpu_type, params.capacity, by=op.requester.name, count=params.count,
-                cluster=op.cluster, reason=params.reason, hours=params.for_hours, key=op.op_id,
-                progress=progress, lease=lease, settings=settings,
-            )  # fmt: skip
-        finally:
-            if mine is not None:
-                mine.release()
+        if lease is None:  # the engine could not take the lock back after a bot restart
+            raise OpsError(f"{op.op_id} no longer holds the lock on {op.cluster}; nothing more was done")
+        result = add_worker(
+            engine.ctx, params.tpu_type, params.capacity, by=op.requester.name, count=params.count,
+            cluster=op.cluster, reason=params.reason, hours=params.for_hours, key=op.op_id,
+            progress=progress, lease=lease, settings=settings,
+        )  # fmt: skip
         if not result.ok:
             raise OpsError(result.summary())
         return Outcome(result.summary(), [])

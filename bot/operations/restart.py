@@ -21,7 +21,8 @@ from bot.protocol.model import (
     Texts,
     User,
 )
-from ops.locks import Lease, take_over
+from ops.errors import OpsError
+from ops.locks import Lease
 from ops.registry import Cluster
 from ops.render import render_restart
 from ops.restart import Settings, Step, find_record, plan_restart, resume_restart, start_restart
@@ -113,9 +114,8 @@ def spec(settings: Settings | None = None) -> Spec:
                 engine.ctx, cluster, op.requester.name, settings, progress, holder=engine.holder
             )
         else:
-            if lease is None:
-                lease = take_over(engine.store, cluster.name, op.op_id, op.requester.name, settings.lease_s,
-                                  holder=engine.holder)  # fmt: skip
+            if lease is None:  # the engine could not take the lock back after a bot restart
+                raise OpsError(f"{op.op_id} no longer holds the lock on {cluster.name}; nothing was done")
             run = start_restart(
                 engine.ctx, cluster, op.requester.name, params.preserve_jobs, settings, progress, lease=lease,
                 force_unbacked=params.force_unbacked, skip_resubmit=op.skip_resubmit,

@@ -685,6 +685,8 @@ class Engine:
             loop.call_soon_threadsafe(self._queue_progress, op.op_id, line)
 
         lease = self._leases.pop(op.op_id, None)
+        if lease is None and op.cluster is not None:
+            lease = await self._take_back(op, spec.lease_s)
         try:
             if lease is not None:  # whoever asks for the cluster now hears it is running
                 await asyncio.to_thread(lease.set_phase, "executing")
@@ -715,6 +717,20 @@ class Engine:
         await self._finish(
             op.op_id, State.DONE, Message("\n".join(lines), mentions=owners), result=outcome.text
         )
+
+    async def _take_back(self, op: Operation, lease_s: float) -> Lease | None:
+        """The lock of an operation that was executing when the bot went down, taken back (the same
+        holder may, at once). None when it is not the operation's any more (a restart that finished
+        meanwhile released it; an unlock cleared it): the operation's `execute` says what that means."""
+        try:
+            lease = await asyncio.to_thread(
+                take_over, self.store, op.cluster, op.op_id, op.requester.name, lease_s, self.holder
+            )
+        except OpsError as e:
+            log.warning("%s: its lock was not taken back: %s", op.op_id, e)
+            return None
+        lease.start_renewing()
+        return lease
 
     async def _release(self, op: Operation, lease: Lease) -> None:
         """Let go of an executed operation's lock; one cleared meanwhile (an unlock) is nothing to undo."""
