@@ -7,11 +7,19 @@ Ray process on the machine). Pitfalls this works around are in shared/FINDINGS.m
 RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 to stay on 127.0.0.1, explicit ports per head, explicit auth mode,
 every port checked free before `ray start` (a head whose agent cannot bind dies seconds after "started"),
 and a head started from an allowlist of our environment (every job sees the head's environment).
+
+Its cloud is the TPU simulator (ops.sim), a process started beside the head (pid, port and state under
+CLUSTERBOT_HOME/local/<name>/sim) before it: the autoscaler launches TPU VMs through the simulator's API
+(ops/sim/node_provider.py), and a READY VM's Ray workers join the head (ops/sim/workers.py). `stop`
+deletes the autoscaled VMs as `ray down` does, stops the simulator, and leaves no process of either;
+VMs created by hand (add-worker) stay in the simulator's state and rejoin the head at the next start.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 import secrets
 import signal
@@ -27,6 +35,7 @@ import yaml
 
 from ops.errors import OpsError
 from ops.registry import Cluster, clusterbot_home
+from ops.sim.workers import CLUSTER_LABEL, HEAD_FILE, RAY_CLUSTER_LABEL, Head, VmBoot
 
 if TYPE_CHECKING:
     from ops.ray_api import RayApi
@@ -36,7 +45,10 @@ if TYPE_CHECKING:
 ENV_ALLOWED = ("PATH", "HOME", "LANG", "LANGUAGE", "TMPDIR", "USER", "LOGNAME", "TZ")
 ENV_ALLOWED_PREFIXES = ("LC_", "RAY_")
 
+log = logging.getLogger(__name__)
+
 START_TIMEOUT_S = 90.0
+SIM_START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 2.0  # Ray ignores SIGTERM for 10 s and more; jobs were stopped and backed up already
 
 
@@ -51,6 +63,7 @@ class LocalDriver:
         self.temp_dir = Path(f"/tmp/cb-{digest}")
         self.pid_file = self.state_dir / "head.pid"
         self.log_file = self.state_dir / "head.log"
+        self.sim_dir = self.state_dir / "sim"  # the simulator's state, sim.json (pid, port), head.json
 
     # -- what the cluster looks like -------------------------------------------------------------
     def autoscaling_config(self) -> dict:
@@ -61,8 +74,13 @@ class LocalDriver:
             "max_workers": self.cluster.max_workers,
             "upscaling_speed": 1.0,
             "idle_timeout_minutes": 1,
+            # Ray's fake multi-node provider, launching through the simulator's Cloud TPU API.
             "provider": {
-                "type": "fake_multinode",
+                "type": "external",
+                "module": "ops.sim.node_provider.SimTpuNodeProvider",
+                "sim_state_dir": str(self.sim_dir),
+                "project": self.cluster.project,
+                "zone": self.cluster.zone,
                 "use_node_id_as_ip": True,
                 "disable_node_updaters": True,
                 "disable_launch_config_check": True,
@@ -71,8 +89,14 @@ class LocalDriver:
             "available_node_types": {
                 "ray.head.default": {"resources": {"CPU": 2}, "node_config": {}, "max_workers": 0},
                 worker_type: {
+                    # The resources host 0 of the VM registers (ops/sim/workers.py), as Ray must know.
                     "resources": {"CPU": 1, "TPU": tpu.chips_per_host, tpu.head_resource: 1},
-                    "node_config": {},
+                    # As Ray's GCP provider reads a TPU node_config: spot workers, as on the real clusters.
+                    "node_config": {
+                        "acceleratorType": tpu.name,
+                        "runtimeVersion": tpu.runtime_version,
+                        "schedulingConfig": {"preemptible": True},
+                    },
                     "min_workers": self.cluster.min_workers,
                     "max_workers": self.cluster.max_workers,
                 },
@@ -110,6 +134,8 @@ class LocalDriver:
             RAY_USAGE_STATS_ENABLED="0",
             RAY_AUTH_MODE="disabled",
             CLUSTERBOT_LOCAL_HEAD=str(self.temp_dir),  # inherited by every process: how stop() finds them
+            # The autoscaler imports our node provider (ops.sim.node_provider) from this checkout.
+            PYTHONPATH=str(Path(__file__).resolve().parents[2]),
             # Job entrypoints say `python`: on a real cluster that is the image's, with Ray; here ours.
             PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         )
@@ -161,6 +187,15 @@ class LocalDriver:
 
     def dashboard_url(self) -> str:
         return self.cluster.dashboard_url
+
+    def tpu_endpoint(self) -> str:
+        """The simulator's gRPC address (host:port); OpsError when it is not running."""
+        info = self._sim_info()
+        if info is None:
+            raise OpsError(
+                "the local cluster's TPU simulator is not running", "start the local cluster: ops local up"
+            )
+        return info["address"]
 
     def close(self) -> None:
         """Nothing held open: the dashboard is on this machine."""
@@ -221,6 +256,7 @@ class LocalDriver:
             token_path.parent.mkdir(parents=True, exist_ok=True)
             token_path.touch(mode=0o600)
             token_path.write_text(secrets.token_hex(32))
+        self._start_sim()
         config_path = self.state_dir / "autoscaler.yaml"
         config_path.write_text(yaml.safe_dump(self.autoscaling_config(), sort_keys=False))
         with open(self.log_file, "ab") as log:
@@ -243,6 +279,10 @@ class LocalDriver:
                 self.stop()
                 raise _HeadDied()
             if api.reachable() and self._head_alive(api):
+                try:
+                    self._reboot_vms()
+                except Exception as e:  # the head is up; a VM that does not rejoin is the health check's
+                    log.warning("TPU VMs of %s not rebooted: %s", self.cluster.name, e)
                 return proc.pid
             if time.monotonic() > deadline:
                 self.stop()
@@ -279,24 +319,111 @@ class LocalDriver:
         return list(procs.values())
 
     def stop(self) -> str:
-        procs = self._our_processes()
-        if not procs:
-            self._cleanup_pidfile()
-            return "local cluster is not running"
-        for proc in procs:
-            try:
-                proc.send_signal(signal.SIGTERM)
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=STOP_TIMEOUT_S)
-        for proc in alive:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        """Stop the head (so its autoscaler launches nothing more), delete the TPU VMs it launched as
+        `ray down` does, stop the simulator, and end whatever of ours is left (the VMs' Ray workers)."""
+        sim = self._sim_process()
+        head_procs = [p for p in self._our_processes() if sim is None or p.pid != sim.pid]
+        _end(head_procs)
         self._cleanup_pidfile()
-        return f"local cluster stopped ({len(procs)} processes)"
+        deleted = self._delete_autoscaled() if sim is not None else []
+        if sim is not None:
+            _end([sim])
+            (self.sim_dir / "sim.json").unlink(missing_ok=True)
+        rest = self._our_processes()
+        _end(rest)
+        count = len(head_procs) + len(rest) + (sim is not None)
+        if not count:
+            return "local cluster is not running"
+        vms = f", {len(deleted)} autoscaled TPU VMs deleted" if deleted else ""
+        return f"local cluster stopped ({count} processes{vms})"
+
+    # -- the simulator beside the head --------------------------------------------------------------
+    def head(self) -> Head:
+        """The head the simulator's VMs join (ops/sim/workers.py)."""
+        return Head(
+            ray_cluster_name=self.cluster.ray_cluster_name,
+            cluster=self.cluster.name,
+            gcs_address=f"127.0.0.1:{self.ports.gcs}",
+            temp_dir=self.temp_dir,
+            state_dir=self.sim_dir,
+            token_path=self.token_path(),
+            env={"CLUSTERBOT_LOCAL_HEAD": str(self.temp_dir)},  # so stop() finds every VM's processes
+        )
+
+    def _sim_info(self) -> dict | None:
+        """sim.json of a running simulator of ours, else None."""
+        try:
+            info = json.loads((self.sim_dir / "sim.json").read_text())
+            proc = psutil.Process(int(info["pid"]))
+            if proc.status() == psutil.STATUS_ZOMBIE or str(self.sim_dir) not in " ".join(proc.cmdline()):
+                return None
+        except (FileNotFoundError, ValueError, KeyError, psutil.Error):
+            return None
+        return info
+
+    def _sim_process(self) -> psutil.Process | None:
+        info = self._sim_info()
+        return None if info is None else psutil.Process(int(info["pid"]))
+
+    def _start_sim(self) -> str:
+        """`python -m ops.sim` with our VM hooks, from a minimal environment; its address once it serves."""
+        self.sim_dir.mkdir(parents=True, exist_ok=True)
+        self.head().save(self.sim_dir / HEAD_FILE)
+        (self.sim_dir / "sim.json").unlink(missing_ok=True)
+        env = {k: v for k, v in os.environ.items() if k in ENV_ALLOWED or k.startswith("LC_")}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's ops
+        cmd = [sys.executable, "-m", "ops.sim", f"--state-dir={self.sim_dir}",
+               "--hooks=ops.sim.workers:boot_hooks"]  # fmt: skip
+        with open(self.sim_dir / "sim.log", "ab") as log_file:
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.sim_dir,
+            )
+        deadline = time.monotonic() + SIM_START_TIMEOUT_S
+        while (info := self._sim_info()) is None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _end([psutil.Process(proc.pid)] if proc.poll() is None else [])
+                raise OpsError("the local TPU simulator did not start", f"see {self.sim_dir / 'sim.log'}")
+            time.sleep(0.1)
+        return info["address"]
+
+    def _tpu(self):  # noqa: ANN202 - ops.gcp.tpu.TpuApi, imported late (grpc)
+        from ops.gcp.tpu import TpuApi, tpu_clients
+
+        return TpuApi(tpu_clients(self.tpu_endpoint()), self.cluster.project)
+
+    def _delete_autoscaled(self) -> list[str]:
+        """Delete the TPU VMs Ray's autoscaler launched (labelled with the Ray cluster name), as
+        `ray down` does; what add-worker created carries no such label and stays."""
+        api = self._tpu()
+        try:
+            nodes = api.list_nodes(self.cluster.zone, {RAY_CLUSTER_LABEL: self.cluster.ray_cluster_name})
+            for node in nodes:
+                api.delete_node(node.name)
+            return [n.node_id for n in nodes]
+        except Exception as e:  # the stop goes on; what is left is said
+            log.warning("could not delete the autoscaled TPU VMs of %s: %s", self.cluster.name, e)
+            return []
+        finally:
+            api.clients.close()
+
+    def _reboot_vms(self) -> None:
+        """The cluster's READY VMs created by hand (add-worker) rejoin the new head, as their startup
+        script makes real ones do: the simulator kept them across the stop, their processes did not."""
+        api = self._tpu()
+        try:
+            nodes = api.list_nodes(self.cluster.zone, {CLUSTER_LABEL: self.cluster.name})
+        finally:
+            api.clients.close()
+        boot = VmBoot(self.head())
+        for node in nodes:
+            if node.state == "READY":
+                boot.on_ready(node)
 
     def _cleanup_pidfile(self) -> None:
         self.pid_file.unlink(missing_ok=True)
@@ -344,6 +471,22 @@ def _listeners(ports: range) -> dict[int, str]:
         for c in conns
         if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports
     }
+
+
+def _end(procs: list[psutil.Process]) -> None:
+    """SIGTERM, then SIGKILL what is left after STOP_TIMEOUT_S, and reap."""
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=STOP_TIMEOUT_S)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 class _HeadDied(Exception):
