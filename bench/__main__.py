@@ -8,9 +8,9 @@ may leak into the next (the bot benchmark once crashed on the registry the resta
 import subprocess
 import sys
 
-from bench import bot, restart
+from bench import bot, restart, workers
 
-BENCHES = {"restart": restart.main, "bot": bot.main}
+BENCHES = {"restart": restart.main, "bot": bot.main, "workers": workers.main}
 
 args = sys.argv[1:]
 if args and args[0] in BENCHES:
