@@ -1,16 +1,24 @@
 """Shared reads (ops/shared_reads.py): fifty people asking for the same cluster at once cause one read
-of it; a failed read is shared by those who waited on it and never kept; a result lives ttl_s."""
+of it; a failed read is shared by those who waited on it and never kept; a result lives ttl_s. And
+through Discord: /jobs and /status share their reads, and a quick answer is the acknowledgement
+itself, while a head that does not answer still gets a deferral within the budget."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 
+from bot.adapters.discord_bot import ClusterBot
 from ops.registry import Cluster
 from ops.shared_reads import SharedReads
+from tests.fakes.discord_api import CHANNEL_MESSAGE, DEFERRED_CHANNEL_MESSAGE, FakeDiscord, run_bot
+from tests.localray import cont
 
 
 class Clock:
@@ -116,15 +124,13 @@ def test_ttl_must_not_be_negative() -> None:
         SharedReads(ttl_s=-1)
 
 
-@pytest.mark.asyncio(loop_scope="function")
-@pytest.mark.timeout(120)
-async def test_fifty_people_asking_jobs_local_through_discord_share_one_read(cluster: Cluster) -> None:
+@contextlib.asynccontextmanager
+async def discord_bot(people: list[str]) -> AsyncIterator[tuple[FakeDiscord, ClusterBot]]:
+    """The real bot on the fake Discord, with the session's store and registry (ops_env)."""
     from bot.adapters.discord_bot import ClusterBot
     from bot.config import BotConfig, Settings
     from ops.context import Context
-    from tests.fakes.discord_api import FakeDiscord, run_bot
 
-    people = [f"user{i}" for i in range(50)]
     async with FakeDiscord(users=people) as fake:
         settings = Settings(
             discord_token=fake.token,
@@ -135,12 +141,40 @@ async def test_fifty_people_asking_jobs_local_through_discord_share_one_read(clu
         )
         bot = ClusterBot(settings, ctx=Context(), connector=fake.connector(), guild_ready_timeout=0.05)
         async with run_bot(bot, fake):
-            started = await asyncio.gather(
-                *(fake.slash(u, "jobs", {"cluster": cluster.name}, channel="infra") for u in people)
-            )
-            answers = await asyncio.gather(*(i.wait_original(timeout=30) for i in started))
-            reads = bot.get_cog("ReadOnly").reads  # type: ignore[union-attr]
+            yield fake, bot
         assert fake.unknown_routes == []
+
+
+@pytest.mark.asyncio(loop_scope="function")
+@pytest.mark.timeout(120)
+async def test_fifty_people_asking_jobs_local_through_discord_share_one_read(cluster: Cluster) -> None:
+    people = [f"user{i}" for i in range(50)]
+    async with discord_bot(people) as (fake, bot):
+        started = await asyncio.gather(
+            *(fake.slash(u, "jobs", {"cluster": cluster.name}, channel="infra") for u in people)
+        )
+        answers = await asyncio.gather(*(i.wait_original(timeout=30) for i in started))
+        reads = bot.get_cog("ReadOnly").reads  # type: ignore[union-attr]
     assert all(i.answer is not None and i.answer.latency < 3.0 for i in started)
     assert {a.content for a in answers} == {answers[0].content} and "local" in answers[0].content
     assert reads.calls == 1
+
+
+@pytest.mark.asyncio(loop_scope="function")
+@pytest.mark.timeout(120)
+async def test_a_quick_answer_is_the_acknowledgement_and_a_stalled_head_is_deferred(
+    cluster: Cluster, stalled: psutil.Process
+) -> None:
+    async with discord_bot(["bob"]) as (fake, _):
+        slow = await fake.slash("bob", "status", {"cluster": cluster.name}, channel="infra")
+        ack = await slow.response()
+        assert ack.type == DEFERRED_CHANNEL_MESSAGE and not ack.ephemeral and ack.latency < 1.0
+        msg = await slow.wait_original(timeout=30)  # the probe gives up after 2 s: head unreachable
+        assert "local" in msg.content and not msg.ephemeral
+        cont(stalled)
+        first = await fake.slash("bob", "jobs", {"cluster": cluster.name}, channel="infra")
+        await first.wait_original(timeout=30)  # a head just woken up may take longer than the budget
+        again = await fake.slash("bob", "jobs", {"cluster": cluster.name}, channel="infra")
+        ack = await again.response()  # within READ_TTL_S: the shared answer, ready at once
+        assert ack.type == CHANNEL_MESSAGE and not ack.ephemeral  # one request: no defer, no follow-up
+        assert "local" in (ack.content or "")

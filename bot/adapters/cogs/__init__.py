@@ -77,16 +77,24 @@ async def answer_privately(
 
 
 async def answer_publicly(
-    interaction: discord.Interaction[Any], valid: bool, work: Awaitable[Reply], code: bool = False
+    interaction: discord.Interaction[Any],
+    valid: bool,
+    work: Awaitable[Reply],
+    code: bool = False,
+    budget: float = 0.0,
 ) -> Reply:
     """Answer `work` in the channel, except bad input (`valid` False: the engine refuses it without
-    any I/O), which is answered at once to the caller alone."""
+    any I/O), which is answered at once to the caller alone. A reply ready within `budget` is the
+    acknowledgement itself (one request to Discord instead of a defer and a follow-up)."""
     if not valid:
         reply = await work
         await send(interaction, reply.text, ephemeral=True)
         return reply
-    await interaction.response.defer(thinking=True)  # public: the follow-up fills this message
-    reply = await work
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=budget)
+    if not done:
+        await interaction.response.defer(thinking=True)  # public: the follow-up fills this message
+    reply = await task
     text = code_block(reply.text) if code and reply.ok else reply.text
     await send(interaction, text, ephemeral=False)
     return reply

