@@ -16,8 +16,17 @@ at `poll_s` and a poll slower than the provisioning latency decides the figure. 
 p50(N) / p50(1) per variant and poll (target <= 1.3). Every queued resource is deleted after its
 measurement (outside the timing); the order 1-then-N alternates per round.
 
+Part `join` (real Ray): the local cluster started by its driver on ports of its own (PORTS), its cloud
+the TPU simulator beside the head (default latency, queue 1 s + provision 2 s), whose READY VMs start
+Ray workers that join the head (ops/sim/workers.py). For 1 and for 2 v4-8 workers it times, from the
+request (`add_worker` through the default Context: the TpuApi Ray's autoscaler and the CLI use), until
+as many new nodes with `TPU-v4-8-head` are ALIVE in the head's `/api/v0/nodes`, and when add-worker
+returned. On 2 cores a second join measures CPU contention (each raylet's start-up is CPU-bound), not
+our code. Between measurements the workers are deleted and their nodes left ALIVE no more.
+
 Isolated like bench/restart.py: a temp CLUSTERBOT_HOME with its own store and a registry copy whose
-`local` cluster is in the simulator's zone, removed at the end.
+`local` cluster is in the simulator's zone on its own ports; the cluster started here is stopped on the
+way out (`LocalDriver.stop()`: the simulator and every VM's workers too), on failure and SIGTERM too.
 """
 
 from __future__ import annotations
@@ -43,6 +52,22 @@ if TYPE_CHECKING:
     from ops.context import Context
     from ops.gcp.tpu import TpuApi
 
+# Below Linux's ephemeral range, clear of the local default (6379, 8265, 10001, 11365-11368, workers
+# 20000-20999), the GCP tunnels (8266-8272), the restart bench (11100-11999), the bot bench
+# (11200-11360) and the tests (12000-32499).
+PORTS = {
+    "gcs": 11000,
+    "dashboard": 11001,
+    "dashboard_agent_listen": 11002,
+    "dashboard_agent_grpc": 11003,
+    "metrics_export": 11004,
+    "runtime_env_agent": 11005,
+    "ray_client_server": 11006,
+    "min_worker": 11010,
+    "max_worker": 11090,
+}
+JOIN_TIMEOUT_S = 180.0  # for the workers of one request to join the head (raylets start slowly on 2 cores)
+GONE_TIMEOUT_S = 60.0  # for deleted workers' nodes to leave ALIVE
 TPU_TYPE = "v4-8"
 CLUSTER = "local"
 TARGET_RATIO = 1.3
@@ -65,7 +90,8 @@ def isolate(home: Path) -> Path:
 
     raw = yaml.safe_load(DEFAULT_REGISTRY.read_text())
     local = raw["clusters"][CLUSTER]
-    local.update(region=LOCAL_REGION, zone=LOCAL_ZONE)
+    local.update(region=LOCAL_REGION, zone=LOCAL_ZONE, min_workers=0, local_ports=PORTS,
+                 dashboard_url=f"http://127.0.0.1:{PORTS['dashboard']}")  # fmt: skip
     registry = home / "clusters.yaml"
     registry.write_text(yaml.safe_dump(raw, sort_keys=False))
     for key in list(os.environ):
@@ -215,6 +241,129 @@ def render_provisioning(part: dict[str, Any], rows: dict[str, Any], rounds: int)
     return "\n".join(lines)
 
 
+# -- part 2: from request to Ray node joined ---------------------------------------------------------
+def tpu_heads(ctx: Context) -> set[str]:
+    """Node ids of the ALIVE Ray nodes with the type's TPU-<type>-head (host 0 of a slice)."""
+    head = f"TPU-{TPU_TYPE}-head"
+    nodes = ctx.ray(ctx.cluster(CLUSTER)).nodes()
+    return {
+        n["node_id"] for n in nodes if n.get("state") == "ALIVE" and head in (n.get("resources_total") or {})
+    }
+
+
+def one_join(ctx: Context, count: int, key: str) -> dict[str, Any]:
+    """Request `count` workers; seconds until each new TPU head node is ALIVE, and until add-worker
+    returned (it sees READY at its own poll, the VM boots on READY: either may come first)."""
+    from ops.workers import Settings, add_worker
+
+    before = tpu_heads(ctx)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-add-worker") as pool:
+        settings = Settings(timeout_s=JOIN_TIMEOUT_S)
+        request = pool.submit(add_worker, ctx, TPU_TYPE, "reserved", by="bench", count=count,
+                              cluster=CLUSTER, key=key, reason="benchmark", settings=settings)  # fmt: skip
+        returned: list[float] = []
+        request.add_done_callback(lambda _: returned.append(time.monotonic() - t0))
+        joined: dict[str, float] = {}
+        while len(joined) < count:
+            for node_id in tpu_heads(ctx) - before - set(joined):
+                joined[node_id] = time.monotonic() - t0
+            if request.done() and request.exception() is not None:
+                break
+            if time.monotonic() - t0 > JOIN_TIMEOUT_S:
+                break
+            time.sleep(0.5)  # the state API has no events; each call costs the head CPU
+        result = request.result(timeout=JOIN_TIMEOUT_S)
+    api = ctx.tpu(ctx.cluster(CLUSTER))
+    names = [f"{api.parent(result.zone)}/queuedResources/{w.qr_id}" for w in result.workers]
+    return {"count": count, "joined_s": sorted(joined.values()), "nodes": list(joined), "ready": result.ok,
+            "add_worker_s": returned[0] if returned else None, "names": names}  # fmt: skip
+
+
+def settle(ctx: Context, names: list[str], nodes: list[str]) -> None:
+    """Delete the workers and wait (bounded) until their Ray nodes are ALIVE no more."""
+    delete_all(ctx.tpu(ctx.cluster(CLUSTER)), names)
+    deadline = time.monotonic() + GONE_TIMEOUT_S
+    while set(nodes) & tpu_heads(ctx):
+        if time.monotonic() > deadline:
+            raise BenchError(f"Ray nodes of deleted workers still ALIVE after {GONE_TIMEOUT_S:.0f}s")
+        time.sleep(0.5)
+
+
+def joining(args: argparse.Namespace, say: Say) -> dict[str, Any]:
+    """Part 2: the local cluster with its simulator, 1 and 2 workers per round, request to joined."""
+    from ops.context import Context
+
+    ctx = Context()
+    cluster = ctx.cluster(CLUSTER)
+    driver = ctx.driver(cluster)
+    runs: list[dict[str, Any]] = []
+    loads: list[float] = []
+    try:
+        say(f"starting the local cluster on 127.0.0.1:{PORTS['dashboard']} with its TPU simulator")
+        t = time.monotonic()
+        driver.start()
+        say(f"head up after {time.monotonic() - t:.1f}s")
+        for r in range(args.rounds):
+            for count in (1, 2) if r % 2 == 0 else (2, 1):
+                loads.append(os.getloadavg()[0])
+                run = one_join(ctx, count, f"bench-join-{r}-{count}")
+                run["round"] = r + 1
+                runs.append(run)
+                settle(ctx, run["names"], run["nodes"])
+                joined = ", ".join(f"{s:.2f}" for s in run["joined_s"])
+                add = "-" if run["add_worker_s"] is None else f"{run['add_worker_s']:.2f}"
+                say(f"round {r + 1} x{count}: joined at {joined} s; add-worker returned at {add} s")
+                if len(run["joined_s"]) < count or not run["ready"]:
+                    raise BenchError(f"{count} worker(s) requested, {len(run['joined_s'])} joined")
+    finally:
+        say(driver.stop())
+        left = driver._our_processes()
+        ctx.close()
+        if left:
+            say(f"WARNING: processes of the benchmark's cluster survived: {[p.pid for p in left]}")
+        shutil.rmtree(driver.temp_dir, ignore_errors=True)
+    return {"runs": runs, "loads": loads, "left": [p.pid for p in left]}
+
+
+def summarize_joins(part: dict[str, Any]) -> dict[str, Any]:
+    """p50 and max of the last join per count (1, 2), of add-worker's return, and the ratio."""
+    rows: dict[str, Any] = {}
+    for count in (1, 2):
+        mine = [r for r in part["runs"] if r["count"] == count and len(r["joined_s"]) == count]
+        if not mine:
+            continue
+        last = [r["joined_s"][-1] for r in mine]
+        returned = [r["add_worker_s"] for r in mine if r["add_worker_s"] is not None]
+        rows[str(count)] = {"joined_p50": statistics.median(last), "joined_max": max(last),
+                            "add_worker_p50": statistics.median(returned) if returned else None}  # fmt: skip
+    if "1" in rows and "2" in rows:
+        rows["ratio"] = rows["2"]["joined_p50"] / rows["1"]["joined_p50"]
+    return rows
+
+
+def render_joins(part: dict[str, Any], rows: dict[str, Any], rounds: int) -> str:
+    lines = [
+        f"From request to Ray node joined (TPU-{TPU_TYPE}-head ALIVE in /api/v0/nodes), the local cluster "
+        f"with its TPU simulator (queue 1 s + provision 2 s); {rounds} round(s) each",
+        f"{'workers':>8} {'joined: p50':>12} {'max':>7} {'add-worker returned: p50':>25}",
+    ]
+    for count in ("1", "2"):
+        if count in rows:
+            row = rows[count]
+            add = "-" if row["add_worker_p50"] is None else f"{row['add_worker_p50']:.2f}s"
+            lines.append(f"{count:>8} {row['joined_p50']:>11.2f}s {row['joined_max']:>6.2f}s {add:>25}")
+    if "ratio" in rows:
+        lines.append(
+            f"ratio 2/1 (p50 of the last join): {rows['ratio']:.2f}; on {os.cpu_count()} cores two raylets "
+            "starting at once compete for CPU: this ratio measures contention, not our code"
+        )
+    loads = part["loads"]
+    if loads:
+        lines.append(f"1-min load average during part 2: {min(loads):.1f}-{max(loads):.1f}")
+    return "\n".join(lines)
+
+
 # -- main ------------------------------------------------------------------------------------------
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
@@ -240,11 +389,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="comma-separated TpuApi poll intervals (default: the Context's own, then 1)",
     )
+    p.add_argument(
+        "--parts",
+        default="provision,join",
+        help="comma-separated, of provision (N at once, no Ray) and join (Ray nodes joining); default both",
+    )
     p.add_argument("--json-out", type=Path, help="also write the figures as JSON to this file")
     p.add_argument("--keep", action="store_true", help="keep the temp CLUSTERBOT_HOME")
     args = p.parse_args(argv)
     if args.rounds < 1 or not 2 <= args.count <= 16:
         p.error("--rounds must be at least 1 and --count 2 to 16")
+    args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    if not args.parts or set(args.parts) - {"provision", "join"}:
+        p.error("--parts: choose among provision, join")
     if args.poll_s is None:
         args.poll_s = sorted({default_poll_s(), 1.0}, reverse=True)
     if not args.poll_s or min(args.poll_s) <= 0:
@@ -263,14 +420,21 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     started = time.monotonic()
     try:
-        part = provisioning(args, say)
-        rows = summarize_provisioning(part)
-        doc["provision"] = {**part, "figures": rows}
-        print(render_provisioning(part, rows, args.rounds))
-        loads = part["loads"]
-        print(
-            f"1-min load average during part 1: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores"
-        )
+        if "provision" in args.parts:
+            part = provisioning(args, say)
+            rows = summarize_provisioning(part)
+            doc["provision"] = {**part, "figures": rows}
+            print(render_provisioning(part, rows, args.rounds))
+            loads = part["loads"]
+            print(f"1-min load average during part 1: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} "
+                  "cores (shared machine: noisy)")  # fmt: skip
+        if "join" in args.parts:
+            part = joining(args, say)
+            rows = summarize_joins(part)
+            doc["join"] = {**part, "figures": rows}
+            print(render_joins(part, rows, args.rounds))
+            if part["left"]:
+                code = 1
     except KeyboardInterrupt:
         error, code = "interrupted", 130
     except Exception as e:
