@@ -409,12 +409,13 @@ def _until_gone(api: TpuApi, name: str, timeout_s: float) -> None:
     """Wait until a deleted queued resource is gone (its delete operation may end before the record
     does): creating the same id again before that would meet the dying one. The API has no events."""
     deadline = time.monotonic() + timeout_s
+    pause = api.pauses()
     while api.get_queued_resource(name) is not None:
         if time.monotonic() >= deadline:
             raise OpsError(
                 f"queued resource {name} is still being deleted after {timeout_s:g} s", "retry later"
             )
-        time.sleep(api.poll_s)
+        time.sleep(next(pause))
 
 
 def _settle_failed(ctx: Context, record: WorkerRecord, error: str, left: list[str], keep: bool) -> None:

@@ -14,7 +14,7 @@ import hashlib
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -192,6 +192,14 @@ class TpuApi:
         self.types_ttl_s = types_ttl_s
         self._types: dict[str, tuple[float, list[str]]] = {}
 
+    def pauses(self) -> Iterator[float]:
+        """Waits between polls of an operation's state: 1 s growing to `poll_s`, so a quick one (the
+        simulator, a warm reservation) is seen within a second and a slow one costs Google few calls."""
+        pause = min(1.0, self.poll_s)
+        while True:
+            yield pause
+            pause = min(pause * 1.5, self.poll_s)
+
     def parent(self, zone: str) -> str:
         return f"projects/{self.project}/locations/{zone}"
 
@@ -312,6 +320,7 @@ class TpuApi:
         `provision` for the cleanup)."""
         deadline = time.monotonic() + timeout_s
         last = ""
+        pause = self.pauses()
         while True:
             info = self.get_queued_resource(name)
             if info is None or info.state == "DELETING":
@@ -340,7 +349,7 @@ class TpuApi:
                     "try later, another zone, or another capacity",
                     left=[name],
                 )
-            time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))  # the API has no events
+            time.sleep(min(next(pause), max(0.0, deadline - time.monotonic())))  # the API has no events
 
     def provision(
         self,
