@@ -112,6 +112,8 @@ class Cluster(BaseModel):
     dashboard_url: str
     token: TokenSource | None = None
     protected: bool = False
+    # TPU types the cluster's reservation is for: `add-worker TYPE` without a cluster goes here.
+    reservations: list[str] = Field(default_factory=list)
     image_tag: str = "latest"
     local_ports: LocalPorts | None = None
     # How this machine reaches a GCP cluster's head (ops/drivers/gcp.py): through a `ray dashboard` SSH
@@ -140,6 +142,13 @@ class Cluster(BaseModel):
                 f"worker_tpu_type {worker_tpu_type} is {tpu.generation}, but tpu_generation is {generation}"
             )
         return worker_tpu_type
+
+    @field_validator("reservations")
+    @classmethod
+    def _reserved_types_exist(cls, reservations: list[str]) -> list[str]:
+        for name in reservations:
+            parse_tpu_type(name)  # a ValueError names what is wrong with it
+        return reservations
 
     @field_validator("max_workers")
     @classmethod

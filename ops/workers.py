@@ -114,11 +114,6 @@ def _write(ctx: Context, record: WorkerRecord) -> None:
 
 
 # -- which cluster, which type ------------------------------------------------------------------------
-def reservations(cluster: Cluster) -> list[str]:
-    """The TPU types the cluster's reservation is for (the registry's `reservations`; none when absent)."""
-    return list(getattr(cluster, "reservations", None) or [])
-
-
 def resolve_cluster(ctx: Context, tpu_type: str, cluster_name: str | None = None) -> Cluster:
     """The cluster to add `tpu_type` to: the one given, else the one whose reservation names the type,
     else the only (unprotected) cluster whose zone offers it. BadInput lists the valid types of the
@@ -132,7 +127,7 @@ def resolve_cluster(ctx: Context, tpu_type: str, cluster_name: str | None = None
         ctx.tpu(cluster).check_type(cluster.zone, wanted.name)
         return cluster
     clusters = [c for c in ctx.registry.clusters.values() if not c.protected]
-    reserved = [c for c in clusters if wanted.name in reservations(c)]
+    reserved = [c for c in clusters if wanted.name in c.reservations]
     if len(reserved) == 1:
         return reserved[0]
     pool = reserved or [c for c in clusters if c.tpu_generation == wanted.generation]

@@ -94,6 +94,10 @@ def not_a_tpu_type(d):
     d["clusters"]["us-west4"]["worker_tpu_type"] = "v9-8"
 
 
+def a_reservation_that_is_no_tpu_type(d):
+    d["clusters"]["us-west4"]["reservations"] = ["v5litepod-4", "v6e-8x"]
+
+
 def min_above_max(d):
     d["clusters"]["us-west4"].update(min_workers=8, max_workers=4)
 
@@ -125,6 +129,7 @@ def shared_ray_cluster_name(d):
             "v6e-4 is v6e, but tpu_generation is v5e",
         ),
         (not_a_tpu_type, "worker_tpu_type", "'v9-8' is not a TPU type"),
+        (a_reservation_that_is_no_tpu_type, "reservations", "'v6e-8x' is not a TPU type"),
         (min_above_max, "max_workers", "min_workers 8 exceeds max_workers 4"),
         (missing_field, "zone", "Field required"),
         (zone_of_another_region, "zone", "zone us-west1-c is not in region us-west4"),
