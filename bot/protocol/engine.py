@@ -458,6 +458,12 @@ class Engine:
         """A button click (or its terminal word) on an operation."""
         if op_id not in self.ops:
             return Reply(f"no operation {op_id}", ok=False)
+        # A refusal needs no I/O and stays a refusal (states only move forward): answered at once, not
+        # behind the clicks that write (a burst of clicks on one announcement; issue 10).
+        seen = self.ops[op_id]
+        refused = rules.refusal(seen, user, action, self.is_admin(user), self.texts(seen))
+        if refused:
+            return Reply(refused, ok=False)
         async with self._lock(op_id):
             op = self.ops[op_id]
             texts = self.texts(op)
