@@ -22,7 +22,7 @@ from ops.ray_api import RayApi
 from ops.registry import Cluster
 from ops.sim.control import SimControl
 from ops.sim.workers import CLUSTER_LABEL, NODE_MARKER, RAY_CLUSTER_LABEL
-from tests.localray import wait_for
+from tests.localray import SECRET_CANARY_VAR, wait_for
 
 JOIN_TIMEOUT_S = 180.0  # a raylet registers in ~5 s alone, far slower on 2 loaded cores
 GONE_TIMEOUT_S = 60.0  # Ray marks a node DEAD when its raylet goes (or after missed heartbeats)
@@ -97,7 +97,10 @@ def test_a_v4_8_created_through_the_api_joins_the_head_and_leaves_when_deleted(
         interval=1,
     )
     assert joined[0]["resources_total"]["TPU"] == 4
-    assert vm_processes(node_id)
+    # A VM has nothing of ours: no secret of the process that started the simulator; the head's token.
+    for pid in vm_processes(node_id):
+        env = psutil.Process(pid).environ()
+        assert SECRET_CANARY_VAR not in env and env["RAY_AUTH_MODE"] == "token"
 
     assert tpu.delete_node(name)
     wait_for(lambda: not vm_processes(node_id), GONE_TIMEOUT_S, "the deleted VM's processes to end")
@@ -135,10 +138,35 @@ def test_a_v4_16_gives_two_raylets_with_the_head_resource_on_host_0_and_a_preemp
     tpu.delete_node(name)
 
 
+def test_a_vm_added_by_hand_survives_a_stop_and_rejoins_the_next_head(
+    driver: LocalDriver, tpu: TpuApi
+) -> None:
+    cluster = driver.cluster
+    name = create_node(tpu, cluster, "v4-8")
+    node_id = name.rsplit("/", 1)[-1]
+    wait_for(lambda: alive_workers(cluster), JOIN_TIMEOUT_S, "the VM's worker to join", interval=1)
+
+    driver.stop()
+    assert not vm_processes(node_id)
+    state = json.loads((driver.sim_dir / "state.json").read_text())
+    assert name in state["nodes"]  # add-worker's VMs are not Ray's to delete
+
+    driver.start()
+    wait_for(
+        lambda: alive_workers(cluster), JOIN_TIMEOUT_S, "the VM's worker to rejoin the new head", interval=1
+    )
+    assert tpu.delete_node(name)
+    wait_for(lambda: not vm_processes(node_id), GONE_TIMEOUT_S, "the deleted VM's processes to end")
+    wait_for(lambda: not alive_workers(cluster), GONE_TIMEOUT_S, "Ray to see the VM gone", interval=1)
+
+
 def test_the_autoscaler_keeps_failing_under_a_stock_out_and_launches_when_it_clears(
     driver: LocalDriver, tpu: TpuApi
 ) -> None:
     cluster = driver.cluster
+    # Demand only the autoscaler can meet: no TPU worker left by an earlier test (Ray may still count
+    # a deleted VM's raylet alive for a moment, and would place the job there).
+    wait_for(lambda: not alive_workers(cluster), GONE_TIMEOUT_S, "no TPU worker in Ray", interval=1)
     sim = control(driver)
     sim.add_fault("stock_out", zone=cluster.zone, accelerator_type="v4-8", times=None)
     api = RayApi(cluster)

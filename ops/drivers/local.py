@@ -329,9 +329,10 @@ class LocalDriver:
         if sim is not None:
             _end([sim])
             (self.sim_dir / "sim.json").unlink(missing_ok=True)
+        vm_procs = VmBoot(self.head()).stop_all()  # the VMs' workers, their pid files and sockets
         rest = self._our_processes()
         _end(rest)
-        count = len(head_procs) + len(rest) + (sim is not None)
+        count = len(head_procs) + vm_procs + len(rest) + (sim is not None)
         if not count:
             return "local cluster is not running"
         vms = f", {len(deleted)} autoscaled TPU VMs deleted" if deleted else ""
@@ -372,8 +373,14 @@ class LocalDriver:
         (self.sim_dir / "sim.json").unlink(missing_ok=True)
         env = {k: v for k, v in os.environ.items() if k in ENV_ALLOWED or k.startswith("LC_")}
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])  # this checkout's ops
+        # The ports it had before when they are free: clients built before a restart (a Context's
+        # TpuApi) keep reaching it.
+        last = self.sim_dir / "ports.json"
+        ports = json.loads(last.read_text()) if last.is_file() else {"port": 0, "control_port": 0}
+        ports = {k: v if v and _bindable(v) else 0 for k, v in ports.items()}
         cmd = [sys.executable, "-m", "ops.sim", f"--state-dir={self.sim_dir}",
-               "--hooks=ops.sim.workers:boot_hooks"]  # fmt: skip
+               "--hooks=ops.sim.workers:boot_hooks", f"--port={ports['port']}",
+               f"--control-port={ports['control_port']}"]  # fmt: skip
         with open(self.sim_dir / "sim.log", "ab") as log_file:
             proc = subprocess.Popen(
                 cmd,
@@ -390,6 +397,8 @@ class LocalDriver:
                 _end([psutil.Process(proc.pid)] if proc.poll() is None else [])
                 raise OpsError("the local TPU simulator did not start", f"see {self.sim_dir / 'sim.log'}")
             time.sleep(0.1)
+        control_port = int(info["control_url"].rstrip("/").rsplit(":", 1)[1])
+        last.write_text(json.dumps({"port": info["port"], "control_port": control_port}))
         return info["address"]
 
     def _tpu(self):  # noqa: ANN202 - ops.gcp.tpu.TpuApi, imported late (grpc)

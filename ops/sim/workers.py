@@ -176,7 +176,7 @@ class VmBoot:
     def stop_all(self) -> int:
         """Stop the workers of every node (the simulator is going away with the cluster)."""
         root = self.head.state_dir / "vms"
-        names = [d.name for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+        names = [d.name for d in root.iterdir() if any(d.glob("host-*.pid"))] if root.is_dir() else []
         return sum(self.stop_node(name) for name in names)
 
     def running(self, name: str) -> list[int]:
@@ -244,6 +244,8 @@ class VmBoot:
     def _start(self, vm: VmNode, host: int) -> int:
         node_dir = self._node_dir(vm.name)
         node_dir.mkdir(parents=True, exist_ok=True)
+        # A socket file left by the VM's last boot (its processes killed) makes the new raylet's bind fail.
+        shutil.rmtree(self._sockets(vm.name, host), ignore_errors=True)
         with open(node_dir / f"host-{host}.log", "ab") as out:
             proc = subprocess.Popen(
                 self.command(vm, host),
