@@ -179,17 +179,6 @@ class VmBoot:
         names = [d.name for d in root.iterdir() if any(d.glob("host-*.pid"))] if root.is_dir() else []
         return sum(self.stop_node(name) for name in names)
 
-    def running(self, name: str) -> list[int]:
-        """Pids of the `ray start` processes of the node's hosts that are alive."""
-        tpu_hosts = sorted(self._node_dir(name).glob("host-*.pid"))
-        out = []
-        for pid_file in tpu_hosts:
-            host = int(pid_file.stem.split("-")[1])
-            proc = self._alive(name, host)
-            if proc is not None:
-                out.append(proc.pid)
-        return out
-
     # -- internals ------------------------------------------------------------------------------
     def _node_dir(self, name: str) -> Path:
         return self.head.state_dir / "vms" / _SAFE.sub("_", name)
