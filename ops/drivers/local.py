@@ -233,7 +233,7 @@ class LocalDriver:
             "Ray client server": p.ray_client_server,
         }
         for name, port in fixed.items():
-            if not _bindable(port):
+            if not _bindable(port) and not self._free_of_leftovers(port):
                 raise OpsError(
                     f"port {port} ({name}) of the local cluster is taken by {_holder(port)}",
                     "stop that process, or give the cluster other ports (local_ports in the registry)",
@@ -246,6 +246,31 @@ class LocalDriver:
                 f" by {holder}",
                 "stop that process, or give the cluster another worker range (local_ports in the registry)",
             )
+
+    def _free_of_leftovers(self, port: int) -> bool:
+        """End what of an earlier head of ours still holds `port` (seen: its dashboard agent outliving a
+        raylet that died), then whether the port is free. Anyone else's process is never touched."""
+        try:
+            pids = {c.pid for c in psutil.net_connections(kind="tcp") if c.laddr and c.laddr.port == port}
+        except psutil.Error:
+            return False
+        ours = []
+        for pid in pids - {None}:
+            try:
+                proc = psutil.Process(pid)
+                proc.info = {"name": proc.name()}
+                if self._is_ours(proc):
+                    ours.append(proc)
+            except psutil.Error:
+                continue
+        if ours:
+            _end(ours)
+        deadline = time.monotonic() + STOP_TIMEOUT_S  # a socket is closed when its process is reaped
+        while not _bindable(port):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
     def _start_once(self) -> int:
         self.stop()  # leftovers of a head that died leave ports taken
@@ -300,23 +325,32 @@ class LocalDriver:
             return False
 
     def _our_processes(self) -> list[psutil.Process]:
-        """The head's process tree, plus any process that carries our marker (orphaned workers)."""
+        """The head's process tree, plus any process that carries our marker (orphaned workers) or,
+        having renamed itself `ray::...`, writes into our temp dir (Ray starts its dashboard agent
+        without our environment: orphaned when its raylet dies, only its open logs say whose it is)."""
         procs: dict[int, psutil.Process] = {}
         head = self._head_process()
         if head is not None:
             procs[head.pid] = head
             for child in head.children(recursive=True):
                 procs[child.pid] = child
-        marker = str(self.temp_dir)
-        for proc in psutil.process_iter(["pid"]):
+        for proc in psutil.process_iter(["pid", "name"]):
             try:
-                if proc.pid != os.getpid() and proc.environ().get("CLUSTERBOT_LOCAL_HEAD") == marker:
+                if proc.pid != os.getpid() and self._is_ours(proc):
                     procs[proc.pid] = proc
                     for child in proc.children(recursive=True):
                         procs[child.pid] = child
             except psutil.Error:
                 continue
         return list(procs.values())
+
+    def _is_ours(self, proc: psutil.Process) -> bool:
+        marker = str(self.temp_dir)
+        if proc.environ().get("CLUSTERBOT_LOCAL_HEAD") == marker:
+            return True
+        if not (proc.info.get("name") or proc.name()).startswith("ray::"):
+            return False
+        return any(f.path.startswith(marker + "/") for f in proc.open_files())
 
     def stop(self) -> str:
         """Stop the head (so its autoscaler launches nothing more), delete the TPU VMs it launched as
