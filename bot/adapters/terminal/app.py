@@ -52,6 +52,7 @@ async def run(settings: Settings, interactive: bool, console: Console | None = N
         console.block("[clusterbot]", text)
 
     ctx = Context()
+    ctx.store  # noqa: B018 - opened (and checked) first: a bad store or registry is a setting to fix (exit 2)
     settings, admin_note = _terminal_rights(settings)
     local = ctx.registry.clusters.get("local")
     if local is None:
