@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import psutil
 import yaml
 
 from ops.errors import OpsError
+from ops.processes import end as end_processes
 from ops.registry import Cluster, clusterbot_home
 from ops.sim.workers import CLUSTER_LABEL, HEAD_FILE, RAY_CLUSTER_LABEL, Head, VmBoot
 
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 90.0
 SIM_START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 2.0  # Ray ignores SIGTERM for 10 s and more; jobs were stopped and backed up already
+STOP_TIMEOUT_S = 2.0  # how long a port a leftover of ours held may take to be free once it is reaped
 
 
 class LocalDriver:
@@ -264,7 +264,7 @@ class LocalDriver:
             except psutil.Error:
                 continue
         if ours:
-            _end(ours)
+            end_processes(ours)
         deadline = time.monotonic() + STOP_TIMEOUT_S  # a socket is closed when its process is reaped
         while not _bindable(port):
             if time.monotonic() > deadline:
@@ -357,15 +357,15 @@ class LocalDriver:
         `ray down` does, stop the simulator, and end whatever of ours is left (the VMs' Ray workers)."""
         sim = self._sim_process()
         head_procs = [p for p in self._our_processes() if sim is None or p.pid != sim.pid]
-        _end(head_procs)
+        end_processes(head_procs)
         self._cleanup_pidfile()
         deleted = self._delete_autoscaled() if sim is not None else []
         if sim is not None:
-            _end([sim])
+            end_processes([sim])
             (self.sim_dir / "sim.json").unlink(missing_ok=True)
         vm_procs = VmBoot(self.head()).stop_all()  # the VMs' workers, their pid files and sockets
         rest = self._our_processes()
-        _end(rest)
+        end_processes(rest)
         count = len(head_procs) + vm_procs + len(rest) + (sim is not None)
         if not count:
             return "local cluster is not running"
@@ -428,7 +428,7 @@ class LocalDriver:
         deadline = time.monotonic() + SIM_START_TIMEOUT_S
         while (info := self._sim_info()) is None:
             if proc.poll() is not None or time.monotonic() > deadline:
-                _end([psutil.Process(proc.pid)] if proc.poll() is None else [])
+                end_processes([psutil.Process(proc.pid)] if proc.poll() is None else [])
                 raise OpsError("the local TPU simulator did not start", f"see {self.sim_dir / 'sim.log'}")
             time.sleep(0.1)
         control_port = int(info["control_url"].rstrip("/").rsplit(":", 1)[1])
@@ -514,22 +514,6 @@ def _listeners(ports: range) -> dict[int, str]:
         for c in conns
         if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports
     }
-
-
-def _end(procs: list[psutil.Process]) -> None:
-    """SIGTERM, then SIGKILL what is left after STOP_TIMEOUT_S, and reap."""
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=STOP_TIMEOUT_S)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
 
 
 class _HeadDied(Exception):

@@ -19,7 +19,6 @@ import logging
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from typing import Any
 
 import psutil
 
+from ops.processes import end as end_processes
 from ops.tpu_types import parse_tpu_type
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ NODE_MARKER = "CLUSTERBOT_SIM_NODE"
 
 # What a worker may inherit from the simulator's environment: a VM has nothing of ours.
 ENV_ALLOWED = ("PATH", "HOME", "LANG", "LANGUAGE", "TMPDIR", "USER", "LOGNAME", "TZ")
-STOP_TIMEOUT_S = 2.0  # a deleted VM does not wait for Ray's SIGTERM handling (10 s and more)
 _SAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 
 # One host's Ray node, as Ray's fake multi-node provider starts its nodes (ray._private.node.Node), in a
@@ -167,7 +166,7 @@ class VmBoot:
         """End the process trees this VM started (by the pids kept, and by the marker for strays)."""
         with self._lock:
             procs = self._processes(name)
-            _end(procs)
+            end_processes(procs)
             for pid_file in self._node_dir(name).glob("host-*.pid"):
                 shutil.rmtree(self._sockets(name, int(pid_file.stem.split("-")[1])), ignore_errors=True)
                 pid_file.unlink(missing_ok=True)
@@ -281,19 +280,3 @@ def boot_hooks(state_dir: Path) -> VmBoot:
     """The simulator's hooks (`python -m ops.sim --hooks ops.sim.workers:boot_hooks`): the head its VMs
     join, from STATE_DIR/head.json, written by the local driver before it starts the simulator."""
     return VmBoot(Head.load(Path(state_dir) / HEAD_FILE))
-
-
-def _end(procs: list[psutil.Process]) -> None:
-    """SIGTERM, then SIGKILL whatever is left after STOP_TIMEOUT_S, and wait for them."""
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=STOP_TIMEOUT_S)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
