@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import psutil
-import yaml
+
+from bench.isolation import isolate
 
 # Below Linux's ephemeral range, clear of the local default (6379, 8265, 10001, 11365-11368, workers
 # 20000-20999), the restart bench (11100-11106, 11400-11999) and the tests (12000-32499).
@@ -67,27 +68,6 @@ def say(msg: str) -> None:
 
 
 # -- isolation and the local cluster -----------------------------------------------------------------------
-def isolate(home: Path) -> None:
-    """Point this process and its children at a private home, store and registry copy."""
-    from ops.registry import DEFAULT_REGISTRY
-
-    raw = yaml.safe_load(DEFAULT_REGISTRY.read_text())
-    raw["clusters"]["local"]["local_ports"] = PORTS
-    raw["clusters"]["local"]["dashboard_url"] = f"http://127.0.0.1:{PORTS['dashboard']}"
-    registry = home / "clusters.yaml"
-    registry.write_text(yaml.safe_dump(raw, sort_keys=False))
-    for key in list(os.environ):
-        if key.startswith(("RAY_AUTH", "CLUSTERBOT_", "DISCORD_")) or key == "RAY_ADDRESS":
-            del os.environ[key]
-    os.environ.update(
-        CLUSTERBOT_HOME=str(home),
-        CLUSTERBOT_REGISTRY=str(registry),
-        CLUSTERBOT_STORE=str(home / "store"),
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-        RAY_USAGE_STATS_ENABLED="0",
-    )
-
-
 def owners_jobs(cluster: Any) -> None:
     """A long job of each of OWNERS on the cluster, so that a restart announcement asks them."""
     from ops.jobs import active_jobs
@@ -332,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency < 3 or args.rounds < 1 or not loads or set(loads) - {"idle", "loaded"}:
         p.error("--concurrency >= 3, --rounds >= 1, --loads of idle, loaded")
     home = Path(tempfile.mkdtemp(prefix="cb-bench-bot-"))
-    isolate(home)
+    isolate(home, PORTS)
     from ops.drivers.local import LocalDriver
     from ops.registry import load_registry
 

@@ -39,8 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from bench.isolation import isolate
 from bench.restart_jobs import (
     OWNERS,
     PACKAGE_KIB,
@@ -98,28 +97,6 @@ class BenchError(Exception):
 
 
 # -- isolation -------------------------------------------------------------------------------------
-def isolate(home: Path) -> Path:
-    """Point this process (and its children) at a private home, store and registry copy."""
-    from ops.registry import DEFAULT_REGISTRY
-
-    raw = yaml.safe_load(DEFAULT_REGISTRY.read_text())
-    raw["clusters"]["local"]["local_ports"] = PORTS
-    raw["clusters"]["local"]["dashboard_url"] = f"http://127.0.0.1:{PORTS['dashboard']}"
-    registry = home / "clusters.yaml"
-    registry.write_text(yaml.safe_dump(raw, sort_keys=False))
-    for key in list(os.environ):
-        if key.startswith(("RAY_AUTH", "CLUSTERBOT_")) or key == "RAY_ADDRESS":
-            del os.environ[key]
-    os.environ.update(
-        CLUSTERBOT_HOME=str(home),
-        CLUSTERBOT_REGISTRY=str(registry),
-        CLUSTERBOT_STORE=str(home / "store"),
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-        RAY_USAGE_STATS_ENABLED="0",
-    )
-    return registry
-
-
 # -- jobs ------------------------------------------------------------------------------------------
 def _status(d: Any) -> str:
     return str(getattr(d.status, "value", d.status))
@@ -321,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     say: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     home = Path(tempfile.mkdtemp(prefix="cb-bench-"))
-    isolate(home)
+    isolate(home, PORTS)
 
     from ops.drivers.local import LocalDriver
     from ops.gcs_reader import adopt_cluster_auth

@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
+from bench.isolation import isolate
 
 if TYPE_CHECKING:
     from ops.context import Context
@@ -82,31 +82,6 @@ class BenchError(Exception):
 
 
 # -- isolation -------------------------------------------------------------------------------------
-def isolate(home: Path) -> Path:
-    """Point this process (and its children) at a private home, store and registry copy whose `local`
-    cluster lives in the simulator's zone."""
-    from ops.registry import DEFAULT_REGISTRY
-    from ops.sim import LOCAL_REGION, LOCAL_ZONE
-
-    raw = yaml.safe_load(DEFAULT_REGISTRY.read_text())
-    local = raw["clusters"][CLUSTER]
-    local.update(region=LOCAL_REGION, zone=LOCAL_ZONE, min_workers=0, local_ports=PORTS,
-                 dashboard_url=f"http://127.0.0.1:{PORTS['dashboard']}")  # fmt: skip
-    registry = home / "clusters.yaml"
-    registry.write_text(yaml.safe_dump(raw, sort_keys=False))
-    for key in list(os.environ):
-        if key.startswith(("RAY_AUTH", "CLUSTERBOT_")) or key == "RAY_ADDRESS":
-            del os.environ[key]
-    os.environ.update(
-        CLUSTERBOT_HOME=str(home),
-        CLUSTERBOT_REGISTRY=str(registry),
-        CLUSTERBOT_STORE=str(home / "store"),
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-        RAY_USAGE_STATS_ENABLED="0",
-    )
-    return registry
-
-
 def default_poll_s() -> float:
     """The poll interval of the TpuApi that Context hands out (its constructor's default)."""
     from ops.gcp.tpu import TpuApi
@@ -414,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     say: Say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     home = Path(tempfile.mkdtemp(prefix="cb-bench-workers-"))
-    isolate(home)
+    from ops.sim import LOCAL_REGION, LOCAL_ZONE
+
+    isolate(home, PORTS, region=LOCAL_REGION, zone=LOCAL_ZONE, min_workers=0)  # the simulator's zone
     doc: dict[str, Any] = {"benchmark": "workers", "rounds": args.rounds, "cpus": os.cpu_count()}
     error: str | None = None
     code = 0
