@@ -92,6 +92,22 @@ class LocalPorts(BaseModel):
     max_worker: int = 20999
 
 
+class HealthThresholds(BaseModel):
+    """When a cluster's health check calls it stuck or churning (ops/health.py); defaults suit a TPU
+    cluster whose slices take minutes to provision."""
+
+    model_config = ConfigDict(extra="forbid")
+    # Head only, or workers below min, for longer than this while demand waits or launches fail: stuck.
+    stuck_after_min: float = Field(default=30.0, gt=0)
+    # A worker that dies within this of joining is churn; `churn_deaths` of them in `churn_lookback_min`
+    # is churning (preemption churn: scaling up is useless for now).
+    churn_within_min: float = Field(default=10.0, gt=0)
+    churn_deaths: int = Field(default=3, ge=1)
+    churn_lookback_min: float = Field(default=60.0, gt=0)
+    # A source (the dashboard, the cloud) not read within this: the verdict is `unknown`, never a wait.
+    read_timeout_s: float = Field(default=20.0, gt=0)
+
+
 class Cluster(BaseModel):
     """One shared Ray cluster. `name` is what people type; `ray_cluster_name` must never change."""
 
@@ -121,6 +137,7 @@ class Cluster(BaseModel):
     # project's network). GCP clusters only; "tunnel" when not given.
     reach: Literal["tunnel", "internal"] | None = None
     ssh_key: SshKeySource | None = None
+    health: HealthThresholds = Field(default_factory=HealthThresholds)
 
     # Cross-field checks are field validators (fields validate in declaration order, and `info.data`
     # holds the earlier ones that passed), so an error's location names the offending field.
