@@ -13,6 +13,7 @@ import base64
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from enum import StrEnum
@@ -129,8 +130,18 @@ class RayApi:
 
     def nodes(self) -> list[dict[str, Any]]:
         """Alive and dead nodes from the state API."""
-        got = self._get("/api/v0/nodes?limit=10000&detail=1")
-        return got.get("data", {}).get("result", {}).get("result", [])
+        return self.state("nodes", limit=10000, detail=True)
+
+    def state(
+        self, resource: str, *filters: tuple[str, str, str], limit: int = 100, detail: bool = False
+    ) -> list[dict[str, Any]]:
+        """A list from Ray's state API (`nodes`, `tasks`, `actors`...), filtered by (key, "=" or "!=",
+        value) triples, e.g. `state("tasks", ("node_id", "=", nid), ("state", "=", "RUNNING"))`."""
+        query = [("limit", str(limit)), ("detail", "1" if detail else "0")]
+        for key, predicate, value in filters:
+            query += [("filter_keys", key), ("filter_predicates", predicate), ("filter_values", value)]
+        got = self._get(f"/api/v0/{resource}?{urllib.parse.urlencode(query)}")
+        return (got or {}).get("data", {}).get("result", {}).get("result", [])
 
     # -- jobs -------------------------------------------------------------------------------------
     @property
