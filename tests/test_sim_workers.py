@@ -130,6 +130,11 @@ def test_a_v4_16_gives_two_raylets_with_the_head_resource_on_host_0_and_a_preemp
     )
     heads = [w for w in workers if "TPU-v4-16-head" in w["resources_total"]]
     assert len(heads) == 1 and all(w["resources_total"]["TPU"] == 4 for w in workers)
+    # As a real TPU VM's raylets: the slice's name as a resource and a label on every host, worker ids.
+    assert all(w["resources_total"].get(node_id) == 1 for w in workers)
+    assert {w["labels"].get("ray.io/tpu-slice-name") for w in workers} == {node_id}
+    assert sorted(w["labels"].get("ray.io/tpu-worker-id") for w in workers) == ["0", "1"]
+    assert heads[0]["labels"]["ray.io/tpu-worker-id"] == "0"
 
     control(driver).preempt(name)
     wait_for(lambda: not vm_processes(node_id), GONE_TIMEOUT_S, "the preempted VM's processes to end")

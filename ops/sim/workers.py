@@ -53,16 +53,17 @@ _SAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 # ("Multi-node Ray clusters are not supported on Windows and OSX", on Linux too; seen with Ray 2.60).
 # argv: GCS address, the head's temp dir, the resources as JSON, a socket dir of the host's own (Ray
 # numbers socket files by what exists, and two hosts starting at once took the same plasma socket: "bind:
-# Address already in use"). The node id comes from the environment.
+# Address already in use"), the node labels as JSON. The node id comes from the environment.
 _HOST_PROGRAM = """
 import json, signal, sys, threading
 import ray._private.node, ray._private.parameter
 gcs, temp_dir, resources, sockets = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+labels = json.loads(sys.argv[5])
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: stop.set())
 params = ray._private.parameter.RayParams(
     node_ip_address="127.0.0.1", gcs_address=gcs, redis_address=gcs, temp_dir=temp_dir, num_cpus=1,
-    resources=resources, min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=0,
+    resources=resources, labels=labels, min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=0,
     plasma_store_socket_name=sockets + "/plasma", raylet_socket_name=sockets + "/raylet",
 )
 try:
@@ -219,11 +220,16 @@ class VmBoot:
         ports and worker range stay the head's), the head's temp dir. See _HOST_PROGRAM for why not
         `ray start --address`."""
         tpu = parse_tpu_type(vm.accelerator_type)
-        resources: dict[str, float] = {"TPU": tpu.chips_per_host}
+        slice_name = vm.name
+        # What the raylet of a real TPU VM detects (GCP_API_FACTS 2.5): chips, the slice's name as a
+        # resource on every host, the pod type's head resource on host 0, and the TPU node labels.
+        resources: dict[str, float] = {"TPU": tpu.chips_per_host, slice_name: 1}
         if host == 0:
             resources[tpu.head_resource] = 1
+        labels = {"ray.io/tpu-slice-name": slice_name, "ray.io/tpu-worker-id": str(host),
+                  "ray.io/tpu-pod-type": tpu.name}  # fmt: skip
         return [sys.executable, "-c", _HOST_PROGRAM, self.head.gcs_address, str(self.head.temp_dir),
-                json.dumps(resources), str(self._sockets(vm.name, host))]  # fmt: skip
+                json.dumps(resources), str(self._sockets(vm.name, host)), json.dumps(labels)]  # fmt: skip
 
     def _sockets(self, name: str, host: int) -> Path:
         """Short (Ray refuses socket paths over 107 bytes), under the head's temp dir, one per host."""
