@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ops.context import Context
     from ops.gcp.tpu import TpuApi
     from ops.locks import Lease
+    from ops.ray_api import RayApi
 
 Progress = Callable[[str], None]
 STARTUP_TEMPLATE = REPO_ROOT / "infra" / "worker-startup.sh"
@@ -82,6 +83,7 @@ class WorkerRecord(BaseModel):
     accelerator_type: str
     capacity: str  # reserved | spot | best-effort
     added_by: str
+    added_by_chat: str | None = None  # the chat id of who added it, when added from chat: they are told
     reason: str = ""
     added_at: datetime
     until: datetime | None = None  # --for: reported to added_by after this; never deleted by itself
@@ -92,6 +94,7 @@ class WorkerRecord(BaseModel):
     # Asked again after it went: part of the request (id) sent, since Cloud TPU deduplicates a create
     # by request id and would answer a re-create after a delete with the first, finished, operation.
     attempt: int = 1
+    busy_at: datetime | None = None  # the last check that found a task or an actor on its Ray nodes
 
 
 def _key(cluster: str, qr_id: str) -> str:
@@ -238,6 +241,7 @@ def add_worker(
     capacity: Capacity | str,
     *,
     by: str,
+    chat_id: str | None = None,
     count: int = 1,
     cluster: str | None = None,
     reason: str = "",
@@ -269,7 +273,8 @@ def add_worker(
         own_lease = acquire(ctx.store, target.name, op_id, "add-worker", by, settings.lease_s)
         own_lease.start_renewing()
     try:
-        return _add(ctx, target, tpu_type, capacity, by, count, reason, hours, key, progress, settings)
+        who = (by, chat_id)
+        return _add(ctx, target, tpu_type, capacity, who, count, reason, hours, key, progress, settings)
     finally:
         if own_lease is not None:
             own_lease.release()
@@ -280,7 +285,7 @@ def _add(
     cluster: Cluster,
     tpu_type: str,
     capacity: Capacity,
-    by: str,
+    who: tuple[str, str | None],
     count: int,
     reason: str,
     hours: float | None,
@@ -299,7 +304,8 @@ def _add(
             zone=cluster.zone,
             accelerator_type=tpu_type,
             capacity=capacity.value,
-            added_by=by,
+            added_by=who[0],
+            added_by_chat=who[1],
             reason=reason,
             added_at=now,
             until=now + timedelta(hours=hours) if hours else None,
@@ -321,7 +327,7 @@ def _add(
         accelerator_type=tpu_type,
         capacity=capacity.value,
         count=count,
-        added_by=by,
+        added_by=who[0],
         reason=reason,
         until=records[0].until,
         request_key=key,
@@ -568,24 +574,89 @@ class Due(BaseModel):
 
     cluster: str
     qr_id: str
+    accelerator_type: str
     added_by: str
+    added_by_chat: str | None = None
+    kind: Literal["overdue", "idle"]
+    since: datetime  # past its --for time since, or idle since
     why: str
 
 
-def due_workers(ctx: Context, cluster_name: str, now: datetime | None = None) -> list[Due]:
-    """The ledger's workers past their --for time, for the bot's scheduled report to their adders.
-    (Idle for `Settings.idle_h` needs per-node task history from Ray: not measured yet.)"""
+def due_workers(
+    ctx: Context, cluster_name: str, now: datetime | None = None, settings: Settings | None = None
+) -> list[Due]:
+    """The ledger's workers past their --for time, and those idle (no task running and no actor alive on
+    any of their Ray nodes) for `settings.idle_h`, for the bot's scheduled report to whoever added them.
+
+    Idle is sampled: each call that finds a worker busy writes `busy_at` to its record, and idle time
+    counts from the last such call (or from when it was added). A worker Ray does not see, or a Ray
+    that cannot be asked, is never called idle: `workers` flags those."""
+    settings = settings or Settings()
     now = now or datetime.now(UTC)
-    return [
+    records = [r for r in ledger(ctx, cluster_name) if r.state == "ready"]
+    out = [
         Due(
             cluster=r.cluster,
             qr_id=r.qr_id,
+            accelerator_type=r.accelerator_type,
             added_by=r.added_by,
+            added_by_chat=r.added_by_chat,
+            kind="overdue",
+            since=r.until,
             why=f"past its --for time ({r.until:%Y-%m-%d %H:%M} UTC)",
-        )
-        for r in ledger(ctx, cluster_name)
+        )  # fmt: skip
+        for r in records
         if r.until is not None and now >= r.until
     ]
+    if not records:
+        return out
+    cluster = ctx.cluster(cluster_name)
+    nodes, error = _ray_tpu_nodes(ctx, cluster)
+    if error is not None:
+        return out
+    api = ctx.ray(cluster)
+    for record in records:
+        ids = [n["node_id"] for n in nodes if _slice_of(n) == record.qr_id]
+        if not ids:
+            continue
+        try:
+            busy = _busy(api, ids)
+        except OpsError:
+            continue
+        if busy:
+            _write(ctx, record.model_copy(update={"busy_at": now}))
+            continue
+        since = record.busy_at or record.added_at
+        if now - since >= timedelta(hours=settings.idle_h):
+            out.append(
+                Due(
+                    cluster=record.cluster,
+                    qr_id=record.qr_id,
+                    accelerator_type=record.accelerator_type,
+                    added_by=record.added_by,
+                    added_by_chat=record.added_by_chat,
+                    kind="idle",
+                    since=since,
+                    why=f"idle (no task or actor on it) since {since:%Y-%m-%d %H:%M} UTC",
+                )  # fmt: skip
+            )
+    return out
+
+
+def _slice_of(node: dict) -> str | None:
+    """The TPU slice a Ray node is a host of (the raylet's label, GCP_API_FACTS 2.5)."""
+    return (node.get("labels") or {}).get("ray.io/tpu-slice-name")
+
+
+def _busy(api: RayApi, node_ids: list[str]) -> bool:
+    """Whether a task runs or an actor lives on any of these Ray nodes now."""
+    for node_id in node_ids:
+        on = ("node_id", "=", node_id)
+        if api.state("tasks", on, ("state", "=", "RUNNING"), limit=1):
+            return True
+        if api.state("actors", on, ("state", "=", "ALIVE"), limit=1):
+            return True
+    return False
 
 
 # -- after a restart ----------------------------------------------------------------------------------

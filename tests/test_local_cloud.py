@@ -5,13 +5,14 @@ joins the head, the ledger shows it, and a restart keeps it serving the new head
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 
 from ops.context import Context
 from ops.ray_api import RayApi
 from ops.registry import Cluster
-from ops.workers import ledger
+from ops.workers import due_workers, ledger
 from tests.localray import Env, wait_for
 
 JOIN_TIMEOUT_S = 180
@@ -58,3 +59,39 @@ def test_a_reserved_worker_joins_and_serves_the_head_after_a_restart(
     gone = ops_env.ops("clean-preempted", "--cluster", "local", "--dry-run", "--json")
     assert gone.code == 0, gone  # nothing preempted: the worker is READY and stays
     assert v4_8_workers(cluster)
+
+
+def test_an_idle_worker_is_due_to_whoever_added_it_and_a_busy_one_is_not(
+    ops_env: Env, cluster: Cluster, no_reserved_left: None
+) -> None:
+    added = ops_env.ops("add-worker", "v4-8", "--capacity", "reserved", "--cluster", "local",
+                        "--as", "alice", "--json")  # fmt: skip
+    assert added.code == 0, added
+    wait_for(lambda: v4_8_workers(cluster), JOIN_TIMEOUT_S, "the reserved v4-8 to join the head", interval=1)
+    ctx = Context()
+    try:
+        [record] = ledger(ctx, "local")
+        later = record.added_at + timedelta(hours=3)
+        [due] = due_workers(ctx, "local", now=later)
+        assert (due.qr_id, due.kind, due.added_by) == (record.qr_id, "idle", "alice")
+        assert due.since == record.added_at
+        assert due_workers(ctx, "local", now=record.added_at + timedelta(hours=1)) == []
+
+        # A job whose driver needs the slice's head resource runs on it: the worker is busy.
+        api = RayApi(cluster)
+        job = api.submit(entrypoint="python -c 'import time; time.sleep(120)'",
+                         entrypoint_resources={"TPU-v4-8-head": 1})  # fmt: skip
+        try:
+            wait_for(lambda: api.status(job) == "RUNNING", JOIN_TIMEOUT_S, "the job on the v4-8 to run")
+            assert due_workers(ctx, "local", now=later) == []
+            [record] = ledger(ctx, "local")
+            assert record.busy_at == later  # idle time now counts from this check
+        finally:
+            api.stop(job)
+        node = v4_8_workers(cluster)[0]["node_id"]
+        wait_for(lambda: not api.state("actors", ("node_id", "=", node), ("state", "=", "ALIVE")),
+                 JOIN_TIMEOUT_S, "the stopped job's supervisor to leave the v4-8")  # fmt: skip
+        [due] = due_workers(ctx, "local", now=later + timedelta(hours=2, minutes=1))
+        assert due.kind == "idle" and due.since == later
+    finally:
+        ctx.close()

@@ -69,8 +69,9 @@ def spec(settings: Settings | None = None) -> Spec:
         if lease is None:  # the engine could not take the lock back after a bot restart
             raise OpsError(f"{op.op_id} no longer holds the lock on {op.cluster}; nothing more was done")
         result = add_worker(
-            engine.ctx, params.tpu_type, params.capacity, by=op.requester.name, count=params.count,
-            cluster=op.cluster, reason=params.reason, hours=params.for_hours, key=op.op_id,
+            engine.ctx, params.tpu_type, params.capacity, by=op.requester.name, chat_id=op.requester.id,
+            count=params.count, cluster=op.cluster, reason=params.reason, hours=params.for_hours,
+            key=op.op_id,
             progress=progress, lease=lease, settings=settings,
         )  # fmt: skip
         if not result.ok:
