@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import BaseModel
 
+from ops.cli_health import add_commands as add_health_commands
 from ops.cli_workers import add_commands as add_worker_commands
 from ops.context import Context
 from ops.errors import BadInput, ExitCode, OpsError, Refused
@@ -307,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--op", required=True, help="the operation holding the lock (see ops status)")
     p.add_argument("--yes", action="store_true", help="do not ask")
     add_worker_commands(add)  # add-worker, workers, clean-preempted (ops/cli_workers.py)
+    add_health_commands(add)  # health (ops/cli_health.py)
     p = add("prune", cmd_prune, "delete backups and journals of operations finished long ago")
     p.add_argument("--retention-days", type=float, help="default: CLUSTERBOT_RETENTION_DAYS, else 30")
     p.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")

@@ -128,20 +128,41 @@ class RayApi:
             time.sleep(min(pause, left))
             pause = min(pause * 2, 5.0)
 
-    def nodes(self) -> list[dict[str, Any]]:
+    def nodes(self, timeout: float = HTTP_TIMEOUT_S) -> list[dict[str, Any]]:
         """Alive and dead nodes from the state API."""
-        return self.state("nodes", limit=10000, detail=True)
+        return self.state("nodes", limit=10000, detail=True, timeout=timeout)
 
     def state(
-        self, resource: str, *filters: tuple[str, str, str], limit: int = 100, detail: bool = False
+        self,
+        resource: str,
+        *filters: tuple[str, str, str],
+        limit: int = 100,
+        detail: bool = False,
+        timeout: float = HTTP_TIMEOUT_S,
     ) -> list[dict[str, Any]]:
         """A list from Ray's state API (`nodes`, `tasks`, `actors`...), filtered by (key, "=" or "!=",
         value) triples, e.g. `state("tasks", ("node_id", "=", nid), ("state", "=", "RUNNING"))`."""
         query = [("limit", str(limit)), ("detail", "1" if detail else "0")]
         for key, predicate, value in filters:
             query += [("filter_keys", key), ("filter_predicates", predicate), ("filter_values", value)]
-        got = self._get(f"/api/v0/{resource}?{urllib.parse.urlencode(query)}")
+        got = self._get(f"/api/v0/{resource}?{urllib.parse.urlencode(query)}", timeout)
         return (got or {}).get("data", {}).get("result", {}).get("result", [])
+
+    def cluster_status(self, timeout: float = HTTP_TIMEOUT_S) -> dict[str, Any]:
+        """The autoscaler's last report (`/api/cluster_status`): with Ray's v1 autoscaler a structured
+        `clusterStatus` (autoscalerReport, loadMetricsReport; the dashboard camel-cases keys); with v2,
+        which writes no structured report, `autoscalingStatus` text. {} when neither is there."""
+        got = (self._get("/api/cluster_status", timeout) or {}).get("data") or {}
+        if got.get("clusterStatus"):
+            return got
+        text = (self._get("/api/cluster_status?format=1", timeout) or {}).get("data") or {}
+        return {"autoscalingStatus": text.get("clusterStatus")} if text.get("clusterStatus") else {}
+
+    def job_details(self, timeout: float = HTTP_TIMEOUT_S) -> list[dict[str, Any]]:
+        """Every job as the dashboard lists it (`/api/jobs/`), bounded by `timeout`: for reads that must
+        not hang (health), where the job client has no timeout of its own."""
+        got = self._get("/api/jobs/", timeout)
+        return got if isinstance(got, list) else []
 
     # -- jobs -------------------------------------------------------------------------------------
     @property

@@ -89,3 +89,36 @@ def render_restart(r: Any) -> str:
         lines.append("jobs were NOT backed up: the head did not answer and an admin forced the restart")
     lines += [f"not preserved: {n}" for n in r.not_preserved]
     return "\n".join(lines)
+
+
+def render_health(h: Any) -> str:
+    """One cluster's verdict, its evidence and the action (ops.health.Health)."""
+    s = h.snapshot
+    counts = f"{s.alive} alive, min {s.min_workers}, max {s.max_workers}"
+    when = f"checked {s.at:%Y-%m-%d %H:%M} UTC in {s.seconds:.1f}s"
+    lines = [f"{s.cluster}: {h.verdict.value.upper()}  ({counts}; {when})"]
+    lines += [f"  - {line}" for line in h.evidence]
+    if h.action:
+        lines.append(f"  action: {h.action}")
+    return "\n".join(lines)
+
+
+def render_summary(healths: list[Any]) -> str:
+    """A compact table of every cluster (the bot's daily summary): verdict, workers alive/min/max,
+    preempted VMs, pending demand, running jobs."""
+    rows = [("CLUSTER", "VERDICT", "WORKERS", "PREEMPTED", "DEMAND", "JOBS")]
+    for h in healths:
+        s = h.snapshot
+        unread = "?" if s.errors.get("ray") or s.reach != "ok" else None
+        rows.append(
+            (
+                s.cluster,
+                h.verdict.value,
+                f"{unread or s.alive}/{s.min_workers}/{s.max_workers}",
+                "?" if "cloud" in s.errors else str(len(s.preempted)),
+                unread or str(len(s.demand)),
+                unread or str(s.running_jobs),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
