@@ -204,13 +204,19 @@ def _minutes(d: timedelta) -> str:
 
 def short_since(snap: Snapshot, history: list[Point], limits: HealthThresholds) -> datetime:
     """Since when the cluster has been short of workers while wanting them: the start of the history's
-    trailing run of short checks (a gap longer than the threshold breaks it), never before the current
-    head joined (Ray's node time: points of an earlier head say nothing of this one)."""
+    trailing run of short checks, never before the current head joined (Ray's node time: points of an
+    earlier head say nothing of this one). A gap between checks longer than the threshold (the bot was
+    down; a person checks now and then) breaks the run unless Ray's node times bridge it: head only, and
+    no worker died inside the gap, so none came and went unseen."""
     since = snap.at
     gap = timedelta(minutes=limits.stuck_after_min)
     for point in sorted((p for p in history if p.at < snap.at), key=lambda p: p.at, reverse=True):
-        if not point.short or since - point.at > gap:
+        if not point.short:
             break
+        if since - point.at > gap:
+            unseen = [d for d in snap.deaths if d.ended is not None and point.at < d.ended <= since]
+            if snap.alive > 0 or unseen:
+                break
         since = point.at
     if snap.head_started is not None and snap.head_started > since:
         since = min(snap.head_started, snap.at)
