@@ -1,9 +1,12 @@
-"""Run the TPU simulator as its own process:
+"""Run the simulator (Cloud TPU, Secret Manager, Cloud Build, Artifact Registry) as its own process:
 
     python -m ops.sim --state-dir DIR [--port P] [--control-port C] [--hooks MODULE:FACTORY]
+                      [--gcs-endpoint URL]
 
-Writes DIR/sim.json ({"pid", "port", "address", "control_url"}) once it serves, keeps its state in
-DIR/state.json (reloaded on the next start), and stops cleanly on SIGTERM or SIGINT (sim.json removed).
+Writes DIR/sim.json ({"pid", "port", "address", "control_url", "buckets_dir"}) once it serves, keeps its
+state in DIR/state.json, secrets.json, artifacts.json, builds.json (reloaded on the next start), and
+stops cleanly on SIGTERM or SIGINT (sim.json removed). Cloud Build's buckets (sources, logs) are
+directories under DIR/buckets, or Cloud Storage at `--gcs-endpoint` (say fake-gcs-server).
 `--hooks MODULE:FACTORY` imports FACTORY, calls it with DIR, and gives the simulator the object it returns
 (`on_ready(node)`, `on_gone(node)`, see ops.sim.state.Hooks); e.g. what starts Ray workers on READY.
 """
@@ -19,6 +22,7 @@ import signal
 import threading
 from pathlib import Path
 
+from ops.gcp.objects import gcs_objects_at
 from ops.sim.server import SimServer
 from ops.sim.state import Hooks, Latency
 
@@ -37,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue-s", type=float, default=Latency().queue_s)
     parser.add_argument("--provision-s", type=float, default=Latency().provision_s)
     parser.add_argument("--hooks", default="", help="MODULE:FACTORY called with the state dir")
+    parser.add_argument(
+        "--gcs-endpoint", default="", help="Cloud Storage emulator URL for Cloud Build's buckets"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     state_dir: Path = args.state_dir
@@ -52,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         hooks=hooks,
         state_path=state_dir / "state.json",
         control_port=args.control_port,
+        objects=gcs_objects_at(args.gcs_endpoint) if args.gcs_endpoint else None,
     ).start()
     info = state_dir / "sim.json"
     try:
@@ -64,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                     "port": server.port,
                     "address": server.address,
                     "control_url": server.control.url,
+                    "buckets_dir": str(server.buckets_dir) if server.buckets_dir else None,
                 }
             )
         )

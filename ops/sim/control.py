@@ -1,11 +1,14 @@
 """The simulator's control endpoint on 127.0.0.1 (HTTP + JSON), for a simulator running as its own
-process, and `SimControl`, its client. In-process, call `TpuState` directly.
+process, and `SimControl`, its client. In-process, call the `SimServer`'s states directly.
 
-  GET  /state                      names and states of nodes and queued resources, armed faults
+  GET  /state                      names and states of nodes, queued resources, secret versions (never a
+                                   payload), builds, pushed images' tags; armed faults
   POST /faults   {Fault fields}    arm a fault, e.g. {"kind": "stock_out", "zone": "local-sim-a"}
   POST /faults/clear               disarm all
   POST /preempt  {"name": ...}     preempt a node now (full name or node id)
   POST /latency  {Latency fields}  change the step delays
+  POST /secrets  {"project": P, "values": {id: value}}   seed secrets (a new version unless unchanged)
+  POST /cleanup                    run Artifact Registry's cleanup policies now; what they deleted
 """
 
 from __future__ import annotations
@@ -14,18 +17,21 @@ import json
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from ops.sim.faults import Fault, FaultKind
 from ops.sim.state import Latency, SimError, TpuState
 
+if TYPE_CHECKING:
+    from ops.sim.server import SimServer
+
 
 class ControlServer:
-    def __init__(self, state: TpuState, port: int = 0) -> None:
-        self.state = state
-        handler = type("Handler", (_Handler,), {"state": state})
+    def __init__(self, sim: SimServer, port: int = 0) -> None:
+        self.state = sim.state
+        handler = type("Handler", (_Handler,), {"state": sim.state, "sim": sim})
         self._http = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self._http.daemon_threads = True
         self._thread = threading.Thread(target=self._http.serve_forever, name="tpu-sim-control", daemon=True)
@@ -47,6 +53,7 @@ class ControlServer:
 
 class _Handler(BaseHTTPRequestHandler):
     state: TpuState
+    sim: SimServer
 
     def log_message(self, format: str, *args: Any) -> None:  # keep the test output quiet
         pass
@@ -61,7 +68,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/state":
-            self._reply(200, self.state.summary())
+            self._reply(
+                200,
+                {
+                    **self.state.summary(),
+                    "secrets": self.sim.secrets.summary(),
+                    "builds": self.sim.builds.summary(),
+                    "images": self.sim.artifacts.summary(),
+                },
+            )
         else:
             self._reply(404, {"error": f"no route {self.path}"})
 
@@ -78,10 +93,15 @@ class _Handler(BaseHTTPRequestHandler):
             elif self.path == "/latency":
                 update = Latency.model_validate(body).model_dump(exclude_unset=True)
                 self.state.latency = self.state.latency.model_copy(update=update)
+            elif self.path == "/secrets":
+                self.sim.secrets.seed(str(body["project"]), dict(body["values"]))
+            elif self.path == "/cleanup":
+                self._reply(200, {"deleted": self.sim.artifacts.run_cleanup()})
+                return
             else:
                 self._reply(404, {"error": f"no route {self.path}"})
                 return
-        except (ValidationError, KeyError, ValueError) as e:
+        except (ValidationError, KeyError, ValueError, TypeError) as e:
             self._reply(400, {"error": str(e)})
             return
         except SimError as e:
@@ -122,3 +142,10 @@ class SimControl:
 
     def set_latency(self, **fields: float) -> None:
         self._call("/latency", fields)
+
+    def seed_secrets(self, project: str, values: dict[str, str]) -> None:
+        """Add each value as the secret's new version (creating the secret) unless it is the latest."""
+        self._call("/secrets", {"project": project, "values": values})
+
+    def run_cleanup(self) -> dict[str, list[str]]:
+        return self._call("/cleanup", {})["deleted"]

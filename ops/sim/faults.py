@@ -1,7 +1,9 @@
 """Faults the simulator injects on demand, with the codes and messages GCP_API_FACTS.md 1.8 records.
 
-A fault matches by zone, accelerator type and (for `unavailable`) RPC method; `times` is how many calls
-it hits (None: until cleared).
+A fault matches by zone, accelerator type and (for `unavailable`, `permission_denied`) RPC method;
+`times` is how many calls it hits (None: until cleared). `unavailable` and `permission_denied` with no
+method hit any RPC of any service the simulator serves (TPU, Secret Manager, Cloud Build, Artifact
+Registry); `build_failure` fails the next build at its first step with `message` as the log's tail.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ class FaultKind(StrEnum):
     UNAVAILABLE = "unavailable"  # the RPC answers UNAVAILABLE (HTTP 503); later calls succeed
     PREEMPT = "preempt"  # the created node is PREEMPTED `after_s` seconds after it is READY
     STAY_WAITING = "stay_waiting"  # the queued resource stays WAITING_FOR_RESOURCES
+    PERMISSION_DENIED = "permission_denied"  # the RPC answers PERMISSION_DENIED naming the permission
+    BUILD_FAILURE = (
+        "build_failure"  # the build's first step fails (FAILURE, USER_BUILD_STEP) logging `message`
+    )
 
 
 class Fault(BaseModel):
@@ -32,6 +38,7 @@ class Fault(BaseModel):
     method: str | None = None  # UNAVAILABLE only: e.g. "CreateQueuedResource"; None: any RPC
     times: int | None = 1
     after_s: float = 0.0  # PREEMPT only
+    message: str = ""  # BUILD_FAILURE only: the failing step's last log lines
 
 
 class Faults:

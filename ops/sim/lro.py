@@ -1,7 +1,9 @@
-"""Long-running operations as the clients poll them (google.longrunning.Operations/GetOperation).
+"""Long-running operations as the clients poll them (google.longrunning.Operations/GetOperation), for
+every service of the simulator (they share one server, so one Operations service).
 
-An operation is named `projects/P/locations/Z/operations/operation-<ms>-<hex>-<hex>-<hex>` (GCP_API_FACTS
-1.1); its metadata is the API version's OperationMetadata and its result an `Any` packed from the result
+A TPU operation is named `projects/P/locations/Z/operations/operation-<ms>-<hex>-<hex>-<hex>`
+(GCP_API_FACTS 1.1) and its metadata is the API version's OperationMetadata (`start`); other services
+name theirs and give their own metadata message (`begin`). The result is an `Any` packed from the result
 message, so the client's type-URL check applies (a v2alpha1 delete answered with Empty -> TypeError).
 """
 
@@ -37,7 +39,7 @@ class Operations:
 
     def __init__(self) -> None:
         self._ops: dict[str, operations_pb2.Operation] = {}
-        self._meta: dict[str, tuple[str, str, str, timestamp_pb2.Timestamp]] = {}
+        self._meta: dict[str, tuple[str, str, str, timestamp_pb2.Timestamp]] = {}  # TPU operations only
         self._lock = threading.Lock()
 
     def start(self, parent: str, verb: str, target: str, api: str) -> str:
@@ -51,11 +53,23 @@ class Operations:
             self._ops[name] = operations_pb2.Operation(name=name, done=False, metadata=self._metadata(name))
         return name
 
+    def begin(self, name: str, metadata: Any) -> str:
+        """A new pending operation named `name` by its service, with that service's `metadata` message."""
+        with self._lock:
+            self._ops[name] = operations_pb2.Operation(name=name, done=False, metadata=_pack(metadata))
+        return name
+
+    def set_metadata(self, name: str, metadata: Any) -> None:
+        """Replace the metadata of a `begin` operation (a build's metadata carries the build as it runs)."""
+        with self._lock:
+            self._ops[name].metadata.CopyFrom(_pack(metadata))
+
     def finish(self, name: str, result: Any | None) -> None:
         """Done with `result` (a message of the operation's API version; None: google.protobuf.Empty)."""
         with self._lock:
             op = self._ops[name]
-            op.metadata.CopyFrom(self._metadata(name, end=True))
+            if name in self._meta:
+                op.metadata.CopyFrom(self._metadata(name, end=True))
             op.response.CopyFrom(_pack(empty_pb2.Empty() if result is None else result))
             op.done = True
 
@@ -63,7 +77,8 @@ class Operations:
         """Done with an error (google.rpc.Status), which the client raises as the matching exception."""
         with self._lock:
             op = self._ops[name]
-            op.metadata.CopyFrom(self._metadata(name, end=True))
+            if name in self._meta:
+                op.metadata.CopyFrom(self._metadata(name, end=True))
             op.error.CopyFrom(status_pb2.Status(code=code.value[0], message=message))
             op.done = True
 
@@ -85,7 +100,7 @@ class Operations:
 
 
 def operations_handler(ops: Operations, check: Any) -> grpc.GenericRpcHandler:
-    """google.longrunning.Operations on the same server (the clients poll on their TPU channel)."""
+    """google.longrunning.Operations on the same server (the clients poll on the channel they call on)."""
 
     def get_operation(request: operations_pb2.GetOperationRequest, context: grpc.ServicerContext) -> Any:
         check("GetOperation", context)

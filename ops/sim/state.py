@@ -77,6 +77,8 @@ class Latency(BaseModel):
     queue_s: float = 1.0  # WAITING_FOR_RESOURCES -> PROVISIONING (or FAILED on a stock-out)
     provision_s: float = 2.0  # PROVISIONING -> ACTIVE; node CREATING -> READY
     delete_s: float = 0.0  # DELETING -> gone
+    build_queue_s: float = 1.0  # Cloud Build: QUEUED -> WORKING
+    build_s: float = 3.0  # Cloud Build: WORKING -> SUCCESS / FAILURE
 
 
 @dataclass(frozen=True)
