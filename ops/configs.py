@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +35,57 @@ HEADER = (
 )
 # Where nodes keep the Ray auth token inside the container (the image's user is `ray`).
 TOKEN_PATH = "/home/ray/.ray/auth_token"
+# Where nodes keep the workload secrets inside the container, one file per secret named as the secret.
+SECRETS_DIR = "/home/ray/.secrets"
 
 # Files in infra/ that a cluster's config must not overwrite.
 _RESERVED_NAMES = {Path(TEMPLATE_NAME).stem, "clusters"}
 _CLUSTER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # Values go into YAML and shell commands unquoted: allow only plain tokens.
 _PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
-_INTERPOLATED_FIELDS = ("ray_cluster_name", "project", "region", "zone", "head_machine_type", "token_secret")
+_INTERPOLATED_FIELDS = (
+    "ray_cluster_name",
+    "project",
+    "region",
+    "zone",
+    "bucket",
+    "head_machine_type",
+    "token_secret",
+)
+
+
+@dataclass(frozen=True)
+class TpuNodeType:
+    """One TPU node type of a generated config, as the template writes it."""
+
+    name: str  # Ray's node type name: tpu_worker, tpu_slice_v6e_8, ...
+    accelerator: str  # acceleratorType, e.g. v6e-8
+    runtime_version: str
+    chips_per_host: int  # what the raylet on each host of the slice detects
+    min_workers: int  # slices
+    max_workers: int  # slices
+
+
+def tpu_node_types(cluster: Cluster) -> list[TpuNodeType]:
+    """The cluster's worker types as Ray node types, the default worker (`tpu_worker`) first.
+
+    The chip count is Ray's own (the function its raylet uses on a TPU host): 8 on single-host v5e/v6e
+    shapes up to 8 chips, 4 per host otherwise. A node type declaring more than the hosts detect would be
+    launched for demands its hosts cannot hold; fewer, and demands it could hold are never met.
+    """
+    from ray._private.accelerators.tpu import get_num_tpu_visible_chips_per_host
+
+    return [
+        TpuNodeType(
+            name=name,
+            accelerator=worker.tpu.name,
+            runtime_version=worker.tpu.runtime_version,
+            chips_per_host=get_num_tpu_visible_chips_per_host(worker.tpu.name),
+            min_workers=worker.min_workers,
+            max_workers=worker.max_workers if worker.max_workers is not None else cluster.max_workers,
+        )
+        for name, worker in cluster.node_types().items()
+    ]
 
 
 class ConfigsResult(BaseModel):
@@ -95,10 +141,11 @@ def render_cluster(registry: Registry, cluster: Cluster, template: jinja2.Templa
     template = template or _load_template(INFRA_DIR)
     context = {
         "cluster": cluster,
-        "tpu": cluster.worker_tpu,
+        "node_types": tpu_node_types(cluster),
         "image": f"{registry.image(cluster)}:{cluster.image_tag}",
         "token_path": TOKEN_PATH,
         "token_dir": os.path.dirname(TOKEN_PATH),
+        "secrets_dir": SECRETS_DIR,
     }
     try:
         body = template.render(**context)
@@ -124,16 +171,26 @@ def validate_ray_config(config: Any) -> dict[str, Any]:
     """Check a cluster-launcher config as `ray up` does before it contacts the cloud; return it filled out.
 
     `ray up` (ray/autoscaler/_private/commands.py `_bootstrap_config`) merges the provider's defaults
-    (`prepare_config`), then checks the result against ray/autoscaler/ray-schema.json plus its own rules
-    (`validate_config`: head_node_type present, sum of min_workers <= max_workers, ...). The GCP step in
-    between (adding `TPU-<type>-head`) needs google-api-python-client and is already done by the template.
+    (`prepare_config`), lets the provider fill in the resources it knows (GCP: `TPU-<type>-head` on
+    every TPU node type), then checks the result against ray/autoscaler/ray-schema.json plus its own
+    rules (`validate_config`: head_node_type present, sum of min_workers <= max_workers, ...).
     """
+    from ray.autoscaler._private.providers import _get_node_provider_cls
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     if not isinstance(config, dict):
         raise ValueError("a cluster config must be a mapping")
-    prepared = prepare_config(copy.deepcopy(config))
-    validate_config(prepared)
+    # Ray warns on every multi-host TPU type that autoscaling pods is experimental; the template says so.
+    quiet = logging.getLogger("ray.autoscaler._private.gcp.config")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        prepared = prepare_config(copy.deepcopy(config))
+        provider = _get_node_provider_cls(prepared["provider"])
+        prepared = provider.fillout_available_node_types_resources(prepared)
+        validate_config(prepared)
+    finally:
+        quiet.setLevel(level)
     return prepared
 
 
@@ -208,9 +265,14 @@ def _check_values(registry: Registry, cluster: Cluster) -> None:
             f"cluster {cluster.name!r}: field 'token_secret' is required for a GCP cluster",
             "name the Secret Manager secret that holds the cluster's Ray auth token",
         )
-    values = {f: getattr(cluster, f) for f in _INTERPOLATED_FIELDS}
-    values["image"] = f"{registry.image(cluster)}:{cluster.image_tag}"
-    for field, value in values.items():
+    values = [(f, getattr(cluster, f)) for f in _INTERPOLATED_FIELDS if getattr(cluster, f) is not None]
+    values.append(("image", f"{registry.image(cluster)}:{cluster.image_tag}"))
+    values += [("workload_secrets", name) for name in cluster.workload_secrets]
+    if cluster.ssh_key is not None:
+        for f in ("private_secret", "public_secret"):
+            if getattr(cluster.ssh_key, f) is not None:
+                values.append((f"ssh_key.{f}", getattr(cluster.ssh_key, f)))
+    for field, value in values:
         if not _PLAIN.match(str(value)):
             raise BadInput(
                 f"cluster {cluster.name!r}: field {field!r} has an unexpected value {value!r}",

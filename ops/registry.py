@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -61,14 +62,30 @@ class TokenSource(BaseModel):
         return path.read_text().strip() or None if path.is_file() else None
 
 
+# A Secret Manager secret id (GCP_API_FACTS 3.1) that is also an environment variable name: workload
+# secrets reach jobs under their own name.
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+_SECRET_ID = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+
+
 class SshKeySource(BaseModel):
-    """Where this machine reads the private SSH key that `ray` uses for a GCP cluster's head (the
-    dashboard tunnel, `ray up`, `ray down`): a file for now, Secret Manager in a later issue. Its public
-    half must already be in the project's `ssh-keys` metadata for the config's ssh_user (`ray`): with a
-    key given, Ray registers none of its own."""
+    """The cluster's one SSH key pair, for user `ray` on its VMs: `file` is where this machine reads the
+    private half that `ray` uses for the head (the dashboard tunnel, `ray up`, `ray down`); the two
+    secrets hold both halves in Secret Manager, the pair's home, so that every deploy of the bot uses the
+    same pair instead of making its own. Every node of the cluster installs the public half from
+    `public_secret` at boot (infra/cluster-template.yaml): with a key given, Ray registers none itself."""
 
     model_config = ConfigDict(extra="forbid")
     file: str
+    private_secret: str | None = None
+    public_secret: str | None = None
+
+    @field_validator("private_secret", "public_secret")
+    @classmethod
+    def _secret_id(cls, secret: str | None) -> str | None:
+        if secret is not None and not _SECRET_ID.match(secret):
+            raise ValueError(f"{secret!r} is not a Secret Manager secret id (letters, digits, _ and -)")
+        return secret
 
     def path(self) -> Path:
         """The key file with `~` and `$VARS` expanded."""
@@ -108,6 +125,31 @@ class HealthThresholds(BaseModel):
     read_timeout_s: float = Field(default=20.0, gt=0)
 
 
+class WorkerType(BaseModel):
+    """One TPU type Ray's autoscaler may launch for a cluster. One launch is one whole slice (every host
+    of a multi-host type), so `min_workers` and `max_workers` count slices. In the registry a bare type
+    name (`v6e-8`) is short for `{tpu_type: v6e-8}`."""
+
+    model_config = ConfigDict(extra="forbid")
+    tpu_type: str
+    min_workers: int = Field(default=0, ge=0)  # kept warm: launched at start and never scaled below
+    max_workers: int | None = Field(default=None, ge=0)  # None: the cluster's max_workers
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: object) -> object:
+        return {"tpu_type": data} if isinstance(data, str) else data
+
+    @field_validator("tpu_type")
+    @classmethod
+    def _known_type(cls, tpu_type: str) -> str:
+        return parse_tpu_type(tpu_type).name  # one spelling (v5e-4 -> v5litepod-4); ValueError says why
+
+    @property
+    def tpu(self) -> TpuType:
+        return parse_tpu_type(self.tpu_type)
+
+
 class Cluster(BaseModel):
     """One shared Ray cluster. `name` is what people type; `ray_cluster_name` must never change."""
 
@@ -120,11 +162,21 @@ class Cluster(BaseModel):
     zone: str
     bucket: str | None = None
     tpu_generation: Literal[GENERATIONS]  # type: ignore[valid-type]
+    # The default worker: a single-host type, Ray's node type `tpu_worker` (add-worker, the local cluster).
     worker_tpu_type: str
-    min_workers: int = Field(ge=0)
+    # Every TPU type the autoscaler offers, worker_tpu_type among them, each with its own warm pool; when
+    # not given, worker_tpu_type alone with the cluster's min_workers.
+    worker_types: list[WorkerType] = Field(default_factory=list)
+    # Slices kept warm in all: give it for the cluster only without worker_types (then it is
+    # worker_tpu_type's); with worker_types it is their sum, filled in here.
+    min_workers: int | None = Field(default=None, ge=0, validate_default=True)
+    # The most workers (slices) the autoscaler runs at once, of all types; each type's default cap.
     max_workers: int = Field(ge=0)
     head_machine_type: str
     token_secret: str | None = None
+    # Secret Manager secrets every node fetches at boot and every job gets as environment variables of
+    # the same name (Marin: HF_TOKEN, OPENAI_API_KEY); their values live only there and on the nodes.
+    workload_secrets: list[str] = Field(default_factory=list)
     dashboard_url: str
     token: TokenSource | None = None
     protected: bool = False
@@ -160,6 +212,47 @@ class Cluster(BaseModel):
             )
         return worker_tpu_type
 
+    @field_validator("worker_types")
+    @classmethod
+    def _types_of_the_cluster(cls, types: list[WorkerType], info: ValidationInfo) -> list[WorkerType]:
+        generation, default = info.data.get("tpu_generation"), info.data.get("worker_tpu_type")
+        names = [t.tpu_type for t in types]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a TPU type is given twice: {', '.join(names)}")
+        for t in types:
+            if generation is not None and t.tpu.generation != generation:
+                raise ValueError(f"{t.tpu_type} is {t.tpu.generation}, but tpu_generation is {generation}")
+        if types and default is not None and parse_tpu_type(default).name not in names:
+            raise ValueError(f"worker_tpu_type {default} must be one of them")
+        return types
+
+    @field_validator("min_workers")
+    @classmethod
+    def _min_of_the_types(cls, min_workers: int | None, info: ValidationInfo) -> int:
+        types = info.data.get("worker_types")
+        if types:
+            total = sum(t.min_workers for t in types)
+            # Given too, it must agree (as in a dumped Cluster read back).
+            if min_workers is not None and min_workers != total:
+                raise ValueError(
+                    f"{min_workers} is not the worker types' {total}: with worker_types, give "
+                    "min_workers per worker type, not for the cluster"
+                )
+            return total
+        if min_workers is None and "worker_types" in info.data:
+            raise ValueError("Field required (or give worker_types, each with its min_workers)")
+        return min_workers  # type: ignore[return-value]  # None only when worker_types failed already
+
+    @field_validator("workload_secrets")
+    @classmethod
+    def _secret_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a secret id that is also an environment variable name")
+        if len(set(names)) != len(names):
+            raise ValueError("a secret is given twice")
+        return names
+
     @field_validator("reservations")
     @classmethod
     def _reserved_types_exist(cls, reservations: list[str]) -> list[str]:
@@ -173,10 +266,20 @@ class Cluster(BaseModel):
         min_workers = info.data.get("min_workers")
         if min_workers is not None and min_workers > max_workers:
             raise ValueError(f"min_workers {min_workers} exceeds max_workers {max_workers}")
+        for t in info.data.get("worker_types") or []:
+            if t.max_workers is not None and t.max_workers > max_workers:
+                raise ValueError(
+                    f"worker type {t.tpu_type}'s max_workers {t.max_workers} exceeds it ({max_workers})"
+                )
         return max_workers
 
     @model_validator(mode="after")
     def _defaults(self) -> Cluster:
+        if not self.worker_types:
+            self.worker_types = [WorkerType(tpu_type=self.worker_tpu_type, min_workers=self.min_workers or 0)]
+        for t in self.worker_types:
+            if t.max_workers is None:
+                t.max_workers = self.max_workers
         if self.driver == "local" and self.local_ports is None:
             self.local_ports = LocalPorts()
         if self.driver != "gcp":
@@ -202,6 +305,21 @@ class Cluster(BaseModel):
     @cached_property
     def worker_tpu(self) -> TpuType:
         return parse_tpu_type(self.worker_tpu_type)
+
+    def node_types(self) -> dict[str, WorkerType]:
+        """Ray's node type name for each worker type, the default worker first: `tpu_worker` (the name
+        the VMs' ray-user-node-type label carries, GCP_API_FACTS 2.1), then `tpu_slice_<type>` as
+        Marin names them (tpu_slice_v6e_8)."""
+        default = self.worker_tpu.name
+        out = {"tpu_worker": next(t for t in self.worker_types if t.tpu_type == default)}
+        for t in self.worker_types:
+            if t.tpu_type != default:
+                out[f"tpu_slice_{t.tpu_type.replace('-', '_')}"] = t
+        return out
+
+    def min_workers_by_type(self) -> dict[str, int]:
+        """Warm slices per TPU type name (v6e-128), as health and status count alive workers."""
+        return {t.tpu_type: t.min_workers for t in self.worker_types}
 
     @property
     def gcs_address(self) -> str | None:

@@ -11,6 +11,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import ray
@@ -117,6 +118,16 @@ def test_cluster_image_runs_the_same_ray_as_clusterbot():
 def test_cluster_image_has_gcloud_for_the_token_fetch():
     runs = " ".join(i.args for i in only(parse(CLUSTER.read_text()), "RUN"))
     assert "install -y --no-install-recommends google-cloud-cli" in runs
+
+
+def test_cluster_image_has_what_the_heads_autoscaler_imports():
+    """The head's autoscaler runs Ray's GCP node provider, which builds its clients with
+    google-api-python-client (the rayproject image lacks it): without it no TPU worker is ever launched."""
+    provider = Path(ray.__file__).parent / "autoscaler" / "_private" / "gcp" / "config.py"
+    assert "from googleapiclient import discovery" in provider.read_text()
+    runs = [i.args for i in only(parse(CLUSTER.read_text()), "RUN") if "pip install" in i.args]
+    pins = dict(re.findall(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s\"']+)", " ".join(runs)))
+    assert pins.get("google-api-python-client") == metadata.version("google-api-python-client")
 
 
 def test_cluster_image_pins_what_clusterbot_also_uses_to_the_same_version():

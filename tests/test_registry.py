@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from ops.errors import BadInput, ExitCode
-from ops.registry import DEFAULT_REGISTRY, load_registry
+from ops.registry import DEFAULT_REGISTRY, Cluster, load_registry
 
 GCP_CLUSTERS = {"us-central2", "us-west4", "eu-west4", "us-east5", "us-east1", "us-central1", "big-run"}
 
@@ -65,6 +65,43 @@ def test_an_unknown_cluster_lists_the_valid_names():
     assert e.value.code == ExitCode.BAD_INPUT
 
 
+def test_worker_types_shorthand_spelling_and_defaults():
+    registry = load_registry(DEFAULT_REGISTRY)
+    east5 = registry.get("us-east5")
+    # A bare name is a type with no warm pool, capped at the cluster's max_workers.
+    assert [(t.tpu_type, t.min_workers, t.max_workers) for t in east5.worker_types[:2]] == [
+        ("v6e-4", 0, 1024),
+        ("v6e-8", 0, 1024),
+    ]
+    assert list(east5.node_types())[:3] == ["tpu_worker", "tpu_slice_v6e_8", "tpu_slice_v6e_16"]
+    assert east5.min_workers == 8 and east5.min_workers_by_type()["v6e-128"] == 8
+    # v5e-8 is how people say v5litepod-8: the registry keeps the API's spelling.
+    west4 = registry.get("us-west4")
+    assert west4.worker_types[1].tpu_type == "v5litepod-8"
+
+
+def test_the_local_cluster_keeps_one_worker_type_from_its_min_workers():
+    local = load_registry(DEFAULT_REGISTRY).get("local")
+    assert [(t.tpu_type, t.min_workers, t.max_workers) for t in local.worker_types] == [("v4-8", 0, 4)]
+    assert local.min_workers == 0 and local.max_workers == 4
+    assert list(local.node_types()) == ["tpu_worker"]
+    assert local.workload_secrets == [] and local.ssh_key is None
+
+
+@pytest.mark.parametrize("name", ["us-east5", "local"])
+def test_a_cluster_read_back_from_its_dump_is_the_same(name):
+    cluster = load_registry(DEFAULT_REGISTRY).get(name)
+    assert Cluster.model_validate(cluster.model_dump()) == cluster
+
+
+def test_each_gcp_cluster_has_its_own_key_pair_in_secret_manager():
+    clusters = [c for c in load_registry(DEFAULT_REGISTRY).clusters.values() if c.driver == "gcp"]
+    keys = [c.ssh_key for c in clusters]
+    assert all(k and k.private_secret and k.public_secret for k in keys)
+    for attr in ("file", "private_secret", "public_secret"):
+        assert len({getattr(k, attr) for k in keys}) == len(keys), attr
+
+
 # --- malformed registries ----------------------------------------------------------------------------
 
 
@@ -99,7 +136,46 @@ def a_reservation_that_is_no_tpu_type(d):
 
 
 def min_above_max(d):
+    d["clusters"]["us-west4"].update(
+        worker_types=[{"tpu_type": "v5litepod-4", "min_workers": 8}], max_workers=4
+    )
+
+
+def min_above_max_without_worker_types(d):
+    del d["clusters"]["us-west4"]["worker_types"]
     d["clusters"]["us-west4"].update(min_workers=8, max_workers=4)
+
+
+def a_types_max_above_the_clusters(d):
+    d["clusters"]["us-west4"]["worker_types"][1] = {"tpu_type": "v5litepod-8", "max_workers": 2048}
+
+
+def a_slice_of_another_generation(d):
+    d["clusters"]["us-west4"]["worker_types"].append("v6e-8")
+
+
+def a_slice_given_twice(d):
+    d["clusters"]["us-west4"]["worker_types"].append("v5e-8")  # v5litepod-8, spelt otherwise
+
+
+def worker_types_without_the_default_worker(d):
+    d["clusters"]["us-west4"]["worker_types"] = ["v5litepod-8", "v5litepod-16"]
+
+
+def min_workers_for_the_cluster_and_per_type(d):
+    d["clusters"]["us-west4"]["min_workers"] = 5  # its worker types keep 4 warm
+
+
+def no_min_workers_at_all(d):
+    del d["clusters"]["us-west4"]["worker_types"]
+
+
+def a_workload_secret_that_is_no_env_name(d):
+    d["clusters"]["us-west4"]["workload_secrets"] = ["HF_TOKEN", "openai-key"]
+
+
+def a_key_secret_that_is_no_secret_id(d):
+    d["clusters"]["us-west4"]["ssh_key"]["public_secret"] = "ray key"
 
 
 def missing_field(d):
@@ -131,6 +207,15 @@ def shared_ray_cluster_name(d):
         (not_a_tpu_type, "worker_tpu_type", "'v9-8' is not a TPU type"),
         (a_reservation_that_is_no_tpu_type, "reservations", "'v6e-8x' is not a TPU type"),
         (min_above_max, "max_workers", "min_workers 8 exceeds max_workers 4"),
+        (min_above_max_without_worker_types, "max_workers", "min_workers 8 exceeds max_workers 4"),
+        (a_types_max_above_the_clusters, "max_workers", "v5litepod-8's max_workers 2048 exceeds it (1024)"),
+        (a_slice_of_another_generation, "worker_types", "v6e-8 is v6e, but tpu_generation is v5e"),
+        (a_slice_given_twice, "worker_types", "a TPU type is given twice"),
+        (worker_types_without_the_default_worker, "worker_types", "worker_tpu_type v5litepod-4 must be one"),
+        (min_workers_for_the_cluster_and_per_type, "min_workers", "5 is not the worker types' 4"),
+        (no_min_workers_at_all, "min_workers", "Field required"),
+        (a_workload_secret_that_is_no_env_name, "workload_secrets", "'openai-key' is not a secret id"),
+        (a_key_secret_that_is_no_secret_id, "ssh_key.public_secret", "'ray key' is not a Secret Manager"),
         (missing_field, "zone", "Field required"),
         (zone_of_another_region, "zone", "zone us-west1-c is not in region us-west4"),
         (unknown_generation, "tpu_generation", "'v4', 'v5e', 'v6e' or 'v5p'"),
