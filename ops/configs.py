@@ -3,7 +3,9 @@
 `infra/cluster-template.yaml` + `infra/clusters.yaml` -> `infra/<cluster>.yaml`, one for each cluster
 whose driver is "gcp". The generated files are committed (people run `ray up infra/<cluster>.yaml`);
 `update_configs(check=True)` reports drift between them and the template as unified diffs and writes
-nothing. Every rendered config is checked the way `ray up` checks it before it would touch GCP.
+nothing. Every rendered config is checked the way `ray up` checks it before it would touch GCP,
+including the resources Ray's GCP provider fills in itself (`TPU-<type>-head`), which the template
+leaves to it. `tpu_node_types` turns a cluster's worker types into Ray node types.
 """
 
 from __future__ import annotations
