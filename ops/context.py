@@ -1,5 +1,6 @@
 """The one place that hands out what operations use: the store, the registry, a driver and a Ray API
-per cluster (and, as they arrive, the Google Cloud clients).
+per cluster, and the Google Cloud clients for a cluster's project (Cloud TPU, Secret Manager, Cloud
+Build, Artifact Registry): Google's for a GCP cluster, the simulator's for the local one.
 
 Built once from configuration by whoever runs operations (the CLI, the bot); nothing below it builds
 its own client, and tests pass theirs (a store on fake-gcs-server, a registry copy, a driver with a
@@ -9,10 +10,12 @@ cluster's dashboard tunnel); `close()` lets go of it.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from functools import cached_property
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ops.drivers import Driver, driver_for
 from ops.ray_api import RayApi
@@ -20,6 +23,10 @@ from ops.registry import Cluster, Registry, load_registry
 from ops.store import Store, open_store
 
 if TYPE_CHECKING:
+    from ops.gcp.artifacts import ArtifactsApi
+    from ops.gcp.build import BuildApi
+    from ops.gcp.objects import Objects
+    from ops.gcp.secrets import SecretsApi
     from ops.gcp.tpu import TpuApi
 
 
@@ -30,9 +37,11 @@ class Context:
         registry: Registry | None = None,
         driver_factory: Callable[[Cluster], Driver] = driver_for,
         tpu_factory: Callable[[Cluster], TpuApi] | None = None,
+        cloud_endpoint: Callable[[Cluster], str | None] | None = None,
     ) -> None:
         """`store` and `registry` default to the configured ones (CLUSTERBOT_STORE, CLUSTERBOT_REGISTRY),
-        opened on first use so that commands which need neither do not fail on them."""
+        opened on first use so that commands which need neither do not fail on them. `cloud_endpoint`
+        (tests) says where a cluster's Google APIs answer instead of its driver (None: Google)."""
         if store is not None:
             self.__dict__["store"] = store
         if registry is not None:
@@ -41,6 +50,8 @@ class Context:
         self._tpu_factory = tpu_factory
         self._drivers: dict[str, Driver] = {}
         self._tpus: dict[str, TpuApi] = {}
+        self._cloud_endpoint = cloud_endpoint
+        self._apis: dict[tuple[str, str], Any] = {}  # (kind, cluster name) -> SecretsApi / BuildApi / ...
         self._mutex = threading.Lock()
 
     @cached_property
@@ -84,12 +95,83 @@ class Context:
                 api = self._tpus.setdefault(cluster.name, api)
         return api
 
+    def secrets(self, cluster: Cluster) -> SecretsApi:
+        """Secret Manager of the cluster's project (the simulator's for the local cluster)."""
+
+        def make(endpoint: str | None) -> SecretsApi:
+            from ops.gcp.secrets import SecretsApi, secrets_client
+
+            client, channel = secrets_client(endpoint)
+            return SecretsApi(client, cluster.project, channel=channel)
+
+        return self._api("secrets", cluster, make)
+
+    def builds(self, cluster: Cluster) -> BuildApi:
+        """Cloud Build of the cluster's project, with the buckets its sources and logs live in (Cloud
+        Storage; for the local cluster, the simulator's directory of buckets)."""
+
+        def make(endpoint: str | None) -> BuildApi:
+            from ops.gcp.build import BuildApi, builds_client
+
+            client, channel = builds_client(endpoint)
+            return BuildApi(client, cluster.project, self._objects(cluster, endpoint), channel=channel)
+
+        return self._api("builds", cluster, make)
+
+    def artifacts(self, cluster: Cluster) -> ArtifactsApi:
+        """Artifact Registry of the cluster's project (the simulator's for the local cluster)."""
+
+        def make(endpoint: str | None) -> ArtifactsApi:
+            from ops.gcp.artifacts import ArtifactsApi, artifacts_client
+
+            client, channel = artifacts_client(endpoint)
+            return ArtifactsApi(client, cluster.project, channel=channel)
+
+        return self._api("artifacts", cluster, make)
+
+    def _endpoint(self, cluster: Cluster) -> str | None:
+        """Where the cluster's Google APIs answer: None for Google, host:port for a simulator (which
+        serves every API on the port it serves Cloud TPU on)."""
+        if self._cloud_endpoint is not None:
+            return self._cloud_endpoint(cluster)
+        return self.driver(cluster).tpu_endpoint()
+
+    def _api(self, kind: str, cluster: Cluster, make: Callable[[str | None], Any]) -> Any:
+        key = (kind, cluster.name)
+        with self._mutex:
+            api = self._apis.get(key)
+        if api is None:
+            api = make(self._endpoint(cluster))
+            with self._mutex:
+                kept = self._apis.setdefault(key, api)
+            if kept is not api:
+                api.close()
+                api = kept
+        return api
+
+    def _objects(self, cluster: Cluster, endpoint: str | None) -> Objects:
+        """Cloud Storage, or for a simulator the directory of buckets its sim.json names."""
+        from ops.gcp.objects import DirObjects, GcsObjects
+
+        if endpoint is None:
+            return GcsObjects()
+        sim_dir = getattr(self.driver(cluster), "sim_dir", None)  # the local driver's simulator
+        info = json.loads((Path(sim_dir) / "sim.json").read_text()) if sim_dir is not None else {}
+        if not info.get("buckets_dir"):
+            from ops.errors import OpsError
+
+            raise OpsError(f"{cluster.name}'s simulator names no buckets directory", "restart the cluster")
+        return DirObjects(Path(info["buckets_dir"]))
+
     def close(self) -> None:
         """Let go of what reaching heads and clouds holds open (tunnels, channels); clusters are untouched."""
         with self._mutex:
             drivers, self._drivers = list(self._drivers.values()), {}
             tpus, self._tpus = list(self._tpus.values()), {}
+            apis, self._apis = list(self._apis.values()), {}
         for driver in drivers:
             driver.close()
         for api in tpus:
             api.clients.close()
+        for api in apis:
+            api.close()

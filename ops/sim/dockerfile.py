@@ -6,11 +6,12 @@ ADD sources exist in the context and stay inside it, `--target` names a stage. M
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ops.gcp.build import ignored, read_ignore
 
 INSTRUCTIONS = {
     "ADD", "ARG", "CMD", "COPY", "ENTRYPOINT", "ENV", "EXPOSE", "FROM", "HEALTHCHECK", "LABEL",
@@ -126,7 +127,7 @@ def check(dockerfile: Path, context: Path, target: str = "") -> Dockerfile:
     df = parse(dockerfile.read_text(errors="replace"))
     if target and target.lower() not in df.stages:
         raise DockerfileError(f"failed to reach build target {target} in Dockerfile")
-    ignored = _dockerignore(context)
+    patterns = read_ignore(context)
     root = context.resolve()
     for ins in df.instructions:
         if ins.keyword not in ("COPY", "ADD"):
@@ -148,7 +149,11 @@ def check(dockerfile: Path, context: Path, target: str = "") -> Dockerfile:
                 raise DockerfileError(
                     f'failed to compute cache key: "{src}": forbidden path outside the build context'
                 )
-            matches = [p for p in root.glob(src.lstrip("/") or ".") if not _ignored(p, root, ignored)]
+            matches = [
+                p
+                for p in root.glob(src.lstrip("/") or ".")
+                if not ignored(p.relative_to(root).as_posix(), patterns)
+            ]
             if not matches:
                 raise DockerfileError(
                     f"failed to solve: failed to compute cache key: failed to calculate checksum of ref: "
@@ -166,21 +171,3 @@ def _words(args: str) -> list[str]:
         except json.JSONDecodeError:
             pass
     return args.split()
-
-
-def _dockerignore(context: Path) -> list[str]:
-    path = context / ".dockerignore"
-    if not path.is_file():
-        return []
-    return [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-
-
-def _ignored(path: Path, root: Path, patterns: list[str]) -> bool:
-    rel = path.relative_to(root).as_posix()
-    verdict = False
-    for pattern in patterns:
-        negate = pattern.startswith("!")
-        pattern = pattern.lstrip("!").strip("/")
-        if fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(rel, f"{pattern}/*"):
-            verdict = not negate
-    return verdict
