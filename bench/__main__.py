@@ -1,4 +1,5 @@
-"""`python -m bench [restart|bot] [options]`: the benchmarks; without a name, every one with its defaults.
+"""`python -m bench [restart|bot|workers|health] [options]`: the benchmarks; without a name, every one
+with its defaults.
 
 Run all, each benchmark is a child process of its own: a benchmark points its environment at a
 private home, store and registry (removed when it ends) and Ray caches its auth per process, so none
@@ -8,9 +9,9 @@ may leak into the next (the bot benchmark once crashed on the registry the resta
 import subprocess
 import sys
 
-from bench import bot, restart, workers
+from bench import bot, health, restart, workers
 
-BENCHES = {"restart": restart.main, "bot": bot.main, "workers": workers.main}
+BENCHES = {"restart": restart.main, "bot": bot.main, "workers": workers.main, "health": health.main}
 
 args = sys.argv[1:]
 if args and args[0] in BENCHES:

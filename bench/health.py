@@ -1,0 +1,327 @@
+"""Health benchmark (issue 9): a sweep of 7 clusters x 1,024 TPU VMs against one cluster's, and the
+detection delay of a stuck cluster on an injected clock.
+
+Cloud side: the TPU simulator's state and services (ops.sim) in-process, on a gRPC server of our own
+whose interceptor adds `--latency-ms` (default 50) to every call and pages List* answers at
+`--page-size` when the client asks for no size (Google documents no default for ListNodes,
+GCP_API_FACTS.md 1.2: 100 here is our assumption; the real google-cloud-tpu clients page through).
+Each cluster has its own zone with 1,024 v4-8 VMs labelled as Ray's autoscaler labels them, a few
+PREEMPTED.
+
+Ray side: one dashboard stand-in per cluster (an HTTP server) answering what ops.health reads, from
+answers recorded on the local cluster (bench/health_recorded.json), scaled to 1,024 worker nodes, with
+the same latency per request (1,024 raylets do not fit on 2 cores).
+
+Figures: the median of `--rounds` sweeps of one cluster (`ops.health.check`) and of all 7
+(`ops.health.check_all`), their ratio (target <= 1.5); then a cluster that turns stuck (head only,
+launches failing) between two checks of the bot's schedule (every 5 min, a verdict fires after it held
+for 3 checks) on an injected clock: when the alert would fire, against threshold + one interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import multiprocessing
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.cloud import tpu_v2alpha1 as tpu
+
+RECORDED = Path(__file__).with_name("health_recorded.json")
+CLUSTERS = 7
+VMS = 1024
+PREEMPTED = 8  # per cluster
+PAGE_SIZE = 100  # ASSUMPTION: Google documents no default page size for ListNodes / ListQueuedResources
+INTERVAL = timedelta(minutes=5)  # the bot's check interval (issue 9)
+HOLD = 3  # checks in a row before a verdict fires (issue 9)
+TARGET = 1.5
+
+
+# -- the cloud: the simulator's services behind latency and pages ------------------------------------------
+class _Slow(grpc.ServerInterceptor):
+    def __init__(self, latency_s: float, page_size: int) -> None:
+        self.latency_s, self.page_size = latency_s, page_size
+
+    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner, listing = handler.unary_unary, details.method.rsplit("/", 1)[-1].startswith("List")
+
+        def slow(request: Any, context: grpc.ServicerContext) -> Any:
+            time.sleep(self.latency_s)
+            if listing and not request.page_size:
+                request.page_size = self.page_size
+            return inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            slow,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def start_cloud(zones: list[str], latency_s: float, page_size: int) -> tuple[grpc.Server, str, Any]:
+    from concurrent import futures
+
+    from ops.sim import versions
+    from ops.sim.lro import operations_handler
+    from ops.sim.state import Latency, TpuState
+    from ops.sim.tpu import check_for_operations, tpu_handler
+
+    state = TpuState(zones={z: ("v4-8",) for z in zones}, latency=Latency(queue_s=0, provision_s=0))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=32), interceptors=[_Slow(latency_s, page_size)]
+    )
+    server.add_generic_rpc_handlers(
+        (
+            tpu_handler(state, versions.V2),
+            tpu_handler(state, versions.V2ALPHA1),
+            operations_handler(state.ops, check_for_operations(state)),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}", state
+
+
+def serve_cloud(
+    conn: Any, zones: dict[str, tuple[str, int, int]], project: str, latency_s: float, page: int
+) -> None:
+    """The cloud in a process of its own (so the simulator's own CPU, which Google's servers would spend,
+    does not share the GIL with the checks): `zones` maps zone -> (Ray cluster name, VMs, preempted)."""
+    server, address, state = start_cloud(list(zones), latency_s, page)
+    for zone, (ray_cluster, vms, preempted) in zones.items():
+        populate(state, project, zone, ray_cluster, vms, preempted)
+    conn.send(address)
+    conn.recv()  # until told to stop
+    server.stop(0)
+    state.close()
+
+
+def populate(state: Any, project: str, zone: str, ray_cluster: str, vms: int, preempted: int) -> None:
+    """`vms` READY v4-8 VMs of Ray's autoscaler in `zone`, the first `preempted` of them PREEMPTED."""
+    from ops.sim import versions
+
+    parent = f"projects/{project}/locations/{zone}"
+    for i in range(vms):
+        node = tpu.Node(
+            accelerator_type="v4-8",
+            runtime_version="tpu-ubuntu2204-base",
+            labels={"ray-cluster-name": ray_cluster, "ray-node-id": f"{zone}-{i:04d}".replace("-", "")},
+            scheduling_config=tpu.SchedulingConfig(preemptible=True),
+        )
+        state.create_node(parent, f"{ray_cluster}-w-{i:04d}", node, versions.V2)
+    deadline = time.monotonic() + 30
+    while sum(1 for n in state.list_nodes(parent) if n.state == tpu.Node.State.READY) < vms:
+        if time.monotonic() > deadline:
+            raise SystemExit("the simulator did not make the VMs READY")
+        time.sleep(0.05)
+    for i in range(preempted):
+        state.preempt(f"{parent}/nodes/{ray_cluster}-w-{i:04d}")
+
+
+# -- Ray: a dashboard stand-in from recorded answers ---------------------------------------------------
+class StandIn:
+    """Answers /api/version, /api/v0/nodes, /api/jobs/ and /api/cluster_status from the recording, with
+    `workers` alive v4-8 workers; `stuck` switches to head only with the stocked-out report."""
+
+    def __init__(self, recorded: dict, workers: int, latency_s: float) -> None:
+        self.recorded, self.workers, self.latency_s, self.stuck = recorded, workers, latency_s, False
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                time.sleep(outer.latency_s)
+                body = json.dumps(outer.answer(self.path)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        self._nodes = {False: self._scaled(workers), True: self._scaled(0)}
+
+    def _scaled(self, workers: int) -> dict:
+        head, template = self.recorded["head"], self.recorded["worker"]
+        nodes = [head]
+        for i in range(workers):
+            node = copy.deepcopy(template)
+            node["node_id"] = f"{i:056x}"
+            nodes.append(node)
+        return {"result": True, "data": {"result": {"total": len(nodes), "result": nodes}}}
+
+    def answer(self, path: str) -> Any:
+        if path.startswith("/api/version"):
+            return self.recorded["version"]
+        if path.startswith("/api/v0/nodes"):
+            return self._nodes[self.stuck]
+        if path.startswith("/api/jobs"):
+            return self.recorded["jobs"]
+        if path.startswith("/api/cluster_status"):
+            return self.recorded["cluster_status_stocked_out" if self.stuck else "cluster_status_healthy"]
+        return {}
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+class StandInDriver:
+    """What ops.health asks a driver: where the dashboard and the cloud are, whether a head exists."""
+
+    def __init__(self, dashboard: str, cloud: str) -> None:
+        self.dashboard, self.cloud = dashboard, cloud
+
+    def dashboard_url(self) -> str:
+        return self.dashboard
+
+    def tpu_endpoint(self) -> str:
+        return self.cloud
+
+    def head_exists(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+# -- the run ----------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench health", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--page-size", type=int, default=PAGE_SIZE)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    from ops.context import Context
+    from ops.health import Verdict, check, check_all
+    from ops.registry import load_registry
+    from ops.store import LocalStore
+
+    latency = args.latency_ms / 1000
+    recorded = json.loads(RECORDED.read_text())
+    base = load_registry().clusters["local"]
+    names = [f"bench-{i}" for i in range(CLUSTERS)]
+    stuck_name = "bench-stuck"  # head only, its VMs gone: the detection part
+    zone_of = {n: f"zone-{n}" for n in [*names, stuck_name]}
+    spec = {zone_of[n]: (f"cb-{n}", VMS, PREEMPTED) for n in names} | {
+        zone_of[stuck_name]: (f"cb-{stuck_name}", 0, 0)
+    }
+    t = time.monotonic()
+    parent_end, child_end = multiprocessing.Pipe()
+    cloud = multiprocessing.get_context("fork").Process(
+        target=serve_cloud, args=(child_end, spec, base.project, latency, args.page_size), daemon=True
+    )
+    cloud.start()
+    stand_ins: dict[str, StandIn] = {}
+    try:
+        if not parent_end.poll(120):
+            raise SystemExit("the simulated cloud did not come up")
+        address = parent_end.recv()
+        clusters = {}
+        for name in [*names, stuck_name]:
+            clusters[name] = base.model_copy(
+                update={
+                    "name": name,
+                    "ray_cluster_name": f"cb-{name}",
+                    "zone": zone_of[name],
+                    "min_workers": 1,
+                    "max_workers": VMS,
+                }  # fmt: skip
+            )
+            stand_ins[name] = StandIn(recorded, VMS - PREEMPTED if name != stuck_name else 4, latency)
+        print(f"set up {CLUSTERS} clusters x {VMS} TPU VMs in {time.monotonic() - t:.1f}s "
+              f"({args.latency_ms:g} ms per call, pages of {args.page_size})")  # fmt: skip
+        registry = load_registry().model_copy(update={"clusters": clusters})
+        with tempfile.TemporaryDirectory(prefix="bench-health-") as home:
+            ctx = Context(
+                store=LocalStore(Path(home) / "store"),
+                registry=registry,
+                driver_factory=lambda c: StandInDriver(stand_ins[c.name].url, address),
+            )
+            try:
+                check(ctx, names[0])  # warm: channels, imports
+                one, all7, cpu = [], [], []
+                for _ in range(args.rounds):
+                    t, c0 = time.monotonic(), time.process_time()
+                    h = check(ctx, names[0])
+                    one.append(time.monotonic() - t)
+                    cpu.append(time.process_time() - c0)
+                    t = time.monotonic()
+                    got = check_all(ctx, names)
+                    all7.append(time.monotonic() - t)
+                assert h.snapshot.alive == VMS - PREEMPTED and len(h.snapshot.preempted) == PREEMPTED, h
+                assert all(g.snapshot.vms.get("READY") == VMS - PREEMPTED for g in got), [
+                    g.snapshot.errors for g in got
+                ]
+                p1, p7 = statistics.median(one), statistics.median(all7)
+                floor = (VMS // args.page_size + 1 + 1) * latency  # node pages + one queued-resource page
+                used = statistics.median(cpu)
+                print(f"one cluster's sweep: median {p1:.3f}s (latency floor of its cloud reads "
+                      f"{floor:.2f}s; {used:.2f}s CPU in this process)")  # fmt: skip
+                print(f"all {CLUSTERS} clusters: median {p7:.3f}s; ratio {p7 / p1:.2f} (target <= {TARGET})")
+                detection(ctx, stand_ins[stuck_name], stuck_name, check, Verdict)
+            finally:
+                ctx.close()
+        return 0 if p7 / p1 <= TARGET else 1
+    finally:
+        for s in stand_ins.values():
+            s.close()
+        parent_end.send("stop")
+        cloud.join(10)
+        if cloud.is_alive():
+            cloud.kill()
+
+
+def detection(ctx: Any, stand_in: StandIn, name: str, check: Callable, verdict: Any) -> None:
+    """The bot's schedule on an injected clock: checks every INTERVAL; the cluster turns stuck between two
+    checks. Two rules for firing: the verdict held for HOLD checks (stuck counted alone), and stuck counted
+    from the short checks before it (they are in the history: stuck means the run already lasted)."""
+    threshold = timedelta(minutes=ctx.cluster(name).health.stuck_after_min)
+    start = datetime.now(UTC) + timedelta(minutes=1)
+    turns = start + INTERVAL * 2 + INTERVAL / 2  # between two checks: the worst phase is just after one
+    fired_hold = fired_run = None
+    in_row = 0
+    at = start
+    while at < turns + threshold + INTERVAL * (HOLD + 2) and fired_hold is None:
+        stand_in.stuck = at >= turns
+        h = check(ctx, name, now=at)
+        in_row = in_row + 1 if h.verdict == verdict.STUCK else 0
+        if in_row >= HOLD and fired_hold is None:
+            fired_hold = at
+        if h.verdict == verdict.STUCK and fired_run is None:
+            fired_run = at  # its history already holds >= threshold / interval short checks in a row
+        at += INTERVAL
+    stand_in.stuck = False
+
+    def mins(t: datetime | None) -> str:
+        return "never" if t is None else f"{(t - turns).total_seconds() / 60:.1f} min"
+
+    bound = (threshold + INTERVAL).total_seconds() / 60
+    every = INTERVAL.total_seconds() / 60
+    print(f"stuck detection (threshold {threshold.total_seconds() / 60:g} min, checks every {every:g} min, "
+          f"bound threshold + one interval = {bound:g} min):")  # fmt: skip
+    print(f"  first stuck verdict, whose run of short checks already held: {mins(fired_run)} after it turned")
+    print(f"  fired after {HOLD} stuck verdicts in a row: {mins(fired_hold)} after it turned")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
