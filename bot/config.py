@@ -3,7 +3,8 @@
 Environment: DISCORD_TOKEN (absent: the terminal chat), CLUSTERBOT_GUILD_ID, CLUSTERBOT_INFRA_CHANNEL_ID,
 CLUSTERBOT_BOT_CONFIG (the file), CLUSTERBOT_STORE (shared with the CLI). The file says who may do
 what (roles per command, per cluster), who the admins are, how Ray job owners map to chat users,
-and the protocol's windows. A missing or wrong value is one `ConfigError` line at start-up.
+the protocol's windows and the health alerts' schedule. A missing or wrong value is one `ConfigError`
+line at start-up.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bot.alerts.model import AlertSettings
 from ops.registry import REPO_ROOT
 
 
@@ -75,6 +77,7 @@ class BotConfig(BaseModel):
     rights: Rights = Field(default_factory=Rights)
     owners: dict[str, str] = Field(default_factory=dict)  # Ray job owner -> chat user id
     windows: Windows = Field(default_factory=Windows)
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
 
 
 class Settings(BaseModel):

@@ -94,6 +94,9 @@ class Health(BaseModel):
     verdict: Verdict
     evidence: list[str] = Field(default_factory=list)  # what led to the verdict, one fact a line
     action: str = ""  # what to do about it, one line ("" when healthy)
+    # When the condition behind the verdict began, for a verdict that waits for it to last (stuck: short
+    # of workers since): alerts count their streak from there, not from the first check that said it.
+    since: datetime | None = None
 
 
 class Point(BaseModel):
@@ -240,8 +243,8 @@ def judge(snap: Snapshot, history: list[Point], limits: HealthThresholds) -> Hea
     counts = f"{snap.alive} worker(s) alive (min {snap.min_workers}, max {snap.max_workers})"
     errors = [f"{source} not read: {why}" for source, why in sorted(snap.errors.items())]
 
-    def verdict(v: Verdict, evidence: list[str], action: str = "") -> Health:
-        return Health(snapshot=snap, verdict=v, evidence=evidence, action=action)
+    def verdict(v: Verdict, evidence: list[str], action: str = "", since: datetime | None = None) -> Health:
+        return Health(snapshot=snap, verdict=v, evidence=evidence, action=action, since=since)
 
     if snap.head_up is False:
         return verdict(
@@ -314,6 +317,7 @@ def judge(snap: Snapshot, history: list[Point], limits: HealthThresholds) -> Hea
                     if snap.failed_launches
                     else ""
                 ),
+                since=since,
             )
         if snap.alive < snap.min_workers:
             return verdict(

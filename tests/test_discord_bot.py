@@ -197,7 +197,7 @@ def state(bot: ClusterBot, op_id: str) -> State:
 async def test_commands_are_synced_to_the_configured_guild(bot: ClusterBot, world: World) -> None:
     stored = {c["name"]: c for c in world.fake.guild_commands[world.fake.guild.id]}
     assert set(stored) == {"restart", "cancel", "unlock", "status", "jobs", "link", "unlink", "add-worker",
-                           "workers", "clean-preempted"}  # fmt: skip
+                           "workers", "clean-preempted", "health"}  # fmt: skip
     assert world.fake.global_commands == []
     assert {c.name for c in bot.synced} == set(stored)
     opts = {o["name"]: o for o in stored["restart"]["options"]}
@@ -451,7 +451,10 @@ async def test_a_bot_killed_mid_consent_comes_back_and_old_buttons_still_work(wo
     async with run_bot(second, world.fake):
         assert state(second, op_id) == State.AWAITING
         # The old message, never re-posted: its buttons reach the new bot through their custom_ids.
-        assert [m.id for m in world.infra()] == [ann.id]
+        # The downtime is said once, in a message of its own.
+        ids = [m.id for m in world.infra()]
+        assert ids[0] == ann.id and len(ids) == 2, ids
+        assert "clusterbot was down for 1 min" in world.infra()[1].content
         assert await click(world, "carol", ann, "ok") == ("OK counted", True)
         assert await click(world, "alice", ann, "confirm") == ("confirmed", True)
         await report(world, op_id)

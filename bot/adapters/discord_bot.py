@@ -6,9 +6,11 @@
 - Buttons: every button of an operation is an `ActionButton`, a `DynamicItem` whose custom_id
   `cb:<action>:<arg>:<op_id>` carries all its state. It is registered in `setup_hook`, so a click on
   any old message (even one posted before a bot restart) reaches `engine.act`.
-- Commands: one Cog per family (`bot/adapters/cogs/`: operations, readonly, owners), synced to the
-  configured guild in `setup_hook` (which runs before the gateway connects: the guild comes from
-  configuration).
+- Commands: one Cog per family (`bot/adapters/cogs/`: operations, readonly, owners, workers, health),
+  synced to the configured guild in `setup_hook` (which runs before the gateway connects: the guild
+  comes from configuration).
+- Alerts: the monitor (`bot/alerts/`) starts after the engine; its buttons are `ActionButton`s too,
+  on "alert:<cluster>:<problem>" targets that the engine hands to it.
 - Errors: everything ends in `report_error` (the command tree's `on_error`, and the buttons'):
   an `OpsError` reaches the user as its text, anything else is logged with its traceback and the
   user gets a short apology, ephemerally, never a traceback.
@@ -18,6 +20,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import sys
@@ -31,10 +34,12 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot.adapters.cogs import CONTENT_LIMIT, NO_PINGS, answer_privately, fit, send, user_of
+from bot.adapters.cogs.health import Health
 from bot.adapters.cogs.operations import Operations
 from bot.adapters.cogs.owners import Owners
 from bot.adapters.cogs.readonly import ReadOnly
 from bot.adapters.cogs.workers import Workers
+from bot.alerts.monitor import Monitor
 from bot.app import build_engine
 from bot.config import ConfigError, Settings
 from bot.protocol.engine import Spec
@@ -152,6 +157,7 @@ class ClusterBot(commands.Bot):
             self, settings, ctx=ctx, owner_to_chat=owner_to_chat, specs=specs,
             restart_settings=restart_settings,
         )  # fmt: skip
+        self.monitor = Monitor(self.engine)
         self.synced: list[app_commands.AppCommand] = []
         self._engine_closed = False
 
@@ -162,6 +168,7 @@ class ClusterBot(commands.Bot):
         await self.add_cog(ReadOnly(self.engine), guild=guild)
         await self.add_cog(Owners(self.engine), guild=guild)
         await self.add_cog(Workers(self.engine), guild=guild)
+        await self.add_cog(Health(self.monitor), guild=guild)
         self.add_dynamic_items(ActionButton)  # before the gateway: old buttons work from the start
         await self._check_channel()
         # Guild commands update at once; global ones would take up to an hour and are never synced.
@@ -173,6 +180,7 @@ class ClusterBot(commands.Bot):
                 "(is the bot in that server, invited with the applications.commands scope?)"
             ) from None
         await self.engine.start()  # resumes open operations; may edit their messages (REST works now)
+        await self.monitor.start()  # says what it missed if the bot was down; schedules the checks
 
     async def _check_channel(self) -> None:
         """A wrong #infra id is one clear line at start-up, not a failure at the first announcement."""
@@ -191,6 +199,7 @@ class ClusterBot(commands.Bot):
     async def close(self) -> None:
         if not self._engine_closed:
             self._engine_closed = True
+            await self.monitor.close()
             await self.engine.close()  # open operations stay persisted for the next start
         await super().close()
 
@@ -226,11 +235,13 @@ class ClusterBot(commands.Bot):
         pings = discord.AllowedMentions(
             everyone=False, roles=False, users=[discord.Object(int(i)) for i in ids]
         )
+        extra: dict[str, Any] = {}
         view = view_of(message)
-        if view is None:
-            sent = await self._infra().send(text, allowed_mentions=pings)
-        else:
-            sent = await self._infra().send(text, view=view, allowed_mentions=pings)
+        if view is not None:
+            extra["view"] = view
+        if message.files:
+            extra["files"] = [discord.File(io.BytesIO(data), filename=name) for name, data in message.files]
+        sent = await self._infra().send(text, allowed_mentions=pings, **extra)
         return str(sent.id)
 
     async def edit(self, message_id: str, message: Message) -> None:

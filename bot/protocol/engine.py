@@ -16,7 +16,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -98,6 +98,8 @@ def utcnow() -> datetime:
 
 
 Clock = Callable[[], datetime]  # aware UTC now: the windows' time (tests drive it; real time otherwise)
+# A click on a message that shows something other than an operation (an alert): (user, target, action, arg).
+Target = Callable[[User, str, str, str], Awaitable[Reply]]
 
 
 class Chat(Protocol):
@@ -156,6 +158,11 @@ class Engine:
         self._last_alive: datetime | None = None
         self._last_watch: datetime | None = None
         self._foreign: Foreign | None = None  # loaded on the first watch
+        # Buttons whose target is "<prefix>:..." and no operation go to the handler of that prefix.
+        self.targets: dict[str, Target] = {}
+        # Set on start when the liveness record was stale: since when the bot was down, for how long.
+        self.down_since: datetime | None = None
+        self.downtime_s = 0.0
 
     # -- life cycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -243,7 +250,8 @@ class Engine:
             return Reply(f"linked: you are asked about the Ray jobs of {ray_user}")
         return Reply("the links changed on every try; try again", ok=False)
 
-    def _allowed(self, user: User, kind: str, cluster: str | None) -> str | None:
+    def allowed(self, user: User, kind: str, cluster: str | None) -> str | None:
+        """Why `user` may not do `kind` (on `cluster`), or None when they may: the configured rights."""
         if self.is_admin(user):
             return None
         r = self.config.rights
@@ -364,7 +372,7 @@ class Engine:
                 f"{cluster.name} is protected: only read-only commands, unless an admin passes override",
                 ok=False,
             )
-        refused = self._allowed(user, kind, cluster_name)
+        refused = self.allowed(user, kind, cluster_name)
         if refused:
             return Reply(refused, ok=False)
         if cluster is not None:
@@ -455,8 +463,11 @@ class Engine:
         return None if held is None else Reply(f"{cluster} is busy: {held.describe()}", ok=False)
 
     async def act(self, user: User, op_id: str, action: str, arg: str = "") -> Reply:
-        """A button click (or its terminal word) on an operation."""
+        """A button click (or its terminal word) on an operation, or on another target (an alert)."""
         if op_id not in self.ops:
+            handler = self.targets.get(op_id.split(":", 1)[0]) if ":" in op_id else None
+            if handler is not None:
+                return await handler(user, op_id, action, arg)
             return Reply(f"no operation {op_id}", ok=False)
         # A refusal needs no I/O and stays a refusal (states only move forward): answered at once, not
         # behind the clicks that write (a burst of clicks on one announcement; issue 10).
@@ -808,6 +819,8 @@ class Engine:
         # Down since some time after the last liveness write: the gap beyond one interval.
         gap = (self.clock() - alive[0].at).total_seconds() if alive else 0.0
         downtime = max(gap - alive[0].every_s, 0.0) if alive else 0.0
+        if alive and downtime > 0:
+            self.down_since, self.downtime_s = alive[0].at, downtime
         for op in [o for o in self.ops.values() if o.state not in TERMINAL]:
             await self._journal(op, "resumed", at_state=op.state.value, downtime_s=round(downtime, 1))
             if op.state == State.EXECUTING and op.kind in self.specs:

@@ -120,6 +120,7 @@ class Message:
     buttons: list[Button] = field(default_factory=list)
     mentions: list[str] = field(default_factory=list)  # chat ids to notify (only new messages notify)
     op_id: str | None = None  # the operation it shows: what its buttons act on
+    files: list[tuple[str, bytes]] = field(default_factory=list)  # attachments: (file name, content)
 
 
 # -- the operation plug-in -------------------------------------------------------------------------------

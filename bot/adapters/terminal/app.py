@@ -16,6 +16,7 @@ from bot.adapters.terminal.chat import TerminalChat
 from bot.adapters.terminal.commands import NAME, Terminal
 from bot.adapters.terminal.console import Console, restore_tty, start_reader, tty_state
 from bot.adapters.terminal.help import duration
+from bot.alerts.monitor import Monitor
 from bot.config import Settings
 from ops.errors import OpsError
 
@@ -66,9 +67,11 @@ async def run(settings: Settings, interactive: bool, console: Console | None = N
 
     chat = TerminalChat(console)
     engine = build_engine(chat, settings, ctx=ctx, owner_to_chat=lambda o: o)
+    monitor = Monitor(engine)
     await engine.start()
     chat.start_ids_after([op.message_id for op in engine.ops.values()])
-    term = Terminal(engine, console, settings, _login_name(), admin_note)
+    await monitor.start()  # alerts print here as they fire
+    term = Terminal(engine, console, settings, _login_name(), admin_note, monitor)
     w = engine.windows
     note(
         f"terminal chat: you are {term.user.name}; /help for commands; windows: confirm "
@@ -116,6 +119,7 @@ async def run(settings: Settings, interactive: bool, console: Console | None = N
         code = await script.leave(term, chat, interactive)
     finally:
         quitting = True
+        await monitor.close()
         await engine.close()
     if code:
         console.stream.flush()

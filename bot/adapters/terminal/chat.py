@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from pathlib import Path
 
 from bot.adapters.terminal.console import Console, button_word, plain
 from bot.protocol.model import Message
+from ops.registry import clusterbot_home
 
 CHANNEL = "#infra"
+
+
+def _keep(message_id: str, name: str, data: bytes) -> Path:
+    """An attachment, as a file under CLUSTERBOT_HOME/attachments (the terminal cannot show a picture)."""
+    path = clusterbot_home() / "attachments" / f"{message_id}-{Path(name).name}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
 
 
 class TerminalChat:
@@ -43,6 +53,8 @@ class TerminalChat:
         text = "\n".join(lines)
         if words:
             text += "\n[buttons: " + ", ".join(words) + "]"
+        for name, data in message.files:
+            text += f"\n[attached: {await asyncio.to_thread(_keep, mid, name, data)}]"
         self.console.block(f"[{CHANNEL} {mid}]", text)
         self.changed.set()
         return mid

@@ -14,6 +14,7 @@ import re
 import shlex
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from bot.adapters.terminal import operations, script, words
 from bot.adapters.terminal.console import Console, button_word, plain
@@ -25,6 +26,9 @@ from bot.protocol.model import Reply, Spec, State, User
 from ops.errors import OpsError
 from ops.jobs import submit_job
 
+if TYPE_CHECKING:
+    from bot.alerts.monitor import Monitor
+
 TRAILING_COMMENT = re.compile(r"\s+#.*$")
 NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 
@@ -35,9 +39,16 @@ class Terminal:
     """Turns lines typed (or read from a script) into engine calls and prints the answers."""
 
     def __init__(
-        self, engine: Engine, console: Console, settings: Settings, user: str, admin_note: str
+        self,
+        engine: Engine,
+        console: Console,
+        settings: Settings,
+        user: str,
+        admin_note: str,
+        monitor: Monitor | None = None,
     ) -> None:
         self.engine = engine
+        self.monitor = monitor
         self.console = console
         self.settings = settings
         self.user = User(id=user, name=user)
@@ -47,6 +58,8 @@ class Terminal:
         self.commands: dict[str, Handler] = {
             "/status": self.cmd_status,
             "/jobs": self.cmd_jobs,
+            "/health": self.cmd_health,
+            "/check": self.cmd_check,
             "/unlock": self.cmd_unlock,
             "/cancel": self.cmd_cancel,
             "/link": self.cmd_link,
@@ -157,6 +170,20 @@ class Terminal:
             self.reply(f"usage: /jobs CLUSTER; clusters: {clusters}", ok=False)
             return
         self.show(await self.engine.jobs(args[0]))
+
+    async def cmd_health(self, args: list[str], rest: str) -> None:
+        if len(args) > 1 or self.monitor is None:
+            self.reply("usage: /health [CLUSTER]" if self.monitor else "health checks are off", ok=False)
+            return
+        self.show(await self.monitor.health(args[0] if args else None))
+
+    async def cmd_check(self, args: list[str], rest: str) -> None:
+        """Run the scheduled health check now: alerts fire (after their streak), evolve and resolve."""
+        if args or self.monitor is None:
+            self.reply("usage: /check" if self.monitor else "health checks are off", ok=False)
+            return
+        healths = await self.monitor.check()
+        self.reply("checked: " + ", ".join(f"{h.snapshot.cluster} {h.verdict.value}" for h in healths))
 
     async def cmd_unlock(self, args: list[str], rest: str) -> None:
         if len(args) != 1:

@@ -13,6 +13,8 @@ operations (you act as {user}{admin}; clusters: {clusters}); any parameter may a
 commands:
   /status [CLUSTER]          head, workers, jobs by owner, operation in progress
   /jobs CLUSTER              running and pending jobs and their owners
+  /health [CLUSTER]          verdict, evidence and what to do (what the scheduled alerts judge)
+  /check                     run the scheduled health check now (alerts fire after their streak)
   /unlock CLUSTER            admin: force-unlock a cluster (its open operation is cancelled)
   /cancel [OP]               cancel your newest open operation, or OP
   /link RAY_USER             link a Ray job owner name to you (you are asked before it is stopped)
@@ -31,6 +33,9 @@ the buttons of an announcement are words; each acts on the newest operation you 
   skip [OP]                  an affected owner: don't resubmit my jobs (backed up, not resubmitted)
   cancel [OP]                the requester or an admin drops it (also during the countdown)
   override [OP]              an admin passes the consent (and protection, with --override)
+an alert's buttons are words too, on the newest firing alert or on CLUSTER's (Restart is /restart):
+  silence HOURSh [CLUSTER]   hold the cluster's alerts (1h, 4h or 24h); they end by themselves
+  clean [CLUSTER]            /clean-preempted of the alert's cluster
 {admins}
 windows: confirm {confirm}, consent {consent}, grace {grace} (from {config})"""
 
