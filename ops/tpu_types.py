@@ -7,9 +7,13 @@ from dataclasses import dataclass
 
 # Accelerator type prefix as the TPU API spells it, per generation name people use.
 _PREFIX = {"v4": "v4", "v5e": "v5litepod", "v6e": "v6e", "v5p": "v5p"}
-# Chips on one host of a single-host slice; v4 and v5p name TensorCores (2 per chip).
+# v4 and v5p name TensorCores in their type (2 per chip); v5e and v6e name chips.
 _CORES_PER_CHIP = {"v4": 2, "v5e": 1, "v6e": 1, "v5p": 2}
-_MAX_CHIPS_PER_HOST = {"v4": 4, "v5e": 8, "v6e": 8, "v5p": 4}
+# Chips per host as Ray detects them (ray/_private/accelerators/tpu.py, Ray 2.60,
+# get_num_tpu_visible_chips_per_host): 4, except v5e/v6e slices of at most 8 chips, which are one host
+# holding all of them. So a v6e-8 is one host of 8 chips and a v6e-16 four hosts of 4.
+_DEFAULT_CHIPS_PER_HOST = 4
+_SINGLE_HOST_UP_TO = {"v5e": 8, "v6e": 8}
 RUNTIME_VERSION = {
     "v4": "tpu-ubuntu2204-base",
     "v5e": "v2-alpha-tpuv5-lite",
@@ -22,7 +26,7 @@ _TYPE_RE = re.compile(r"^(v4|v5litepod|v5e|v6e|v5p)-(\d+)$")
 
 @dataclass(frozen=True)
 class TpuType:
-    """One accelerator type, e.g. v4-8 (4 chips, one host) or v6e-16 (16 chips, two hosts)."""
+    """One accelerator type, e.g. v4-8 (4 chips, one host) or v6e-16 (16 chips, four hosts of 4)."""
 
     generation: str
     size: int  # the number in the name: TensorCores for v4/v5p, chips for v5e/v6e
@@ -37,11 +41,14 @@ class TpuType:
 
     @property
     def hosts(self) -> int:
-        return max(1, -(-self.chips // _MAX_CHIPS_PER_HOST[self.generation]))
+        return max(1, -(-self.chips // self.chips_per_host))
 
     @property
     def chips_per_host(self) -> int:
-        return min(self.chips, _MAX_CHIPS_PER_HOST[self.generation])
+        """What the raylet on each host detects as its TPU resource (Ray's rule, above)."""
+        if self.chips <= _SINGLE_HOST_UP_TO.get(self.generation, 0):
+            return self.chips
+        return min(self.chips, _DEFAULT_CHIPS_PER_HOST)
 
     @property
     def head_resource(self) -> str:
