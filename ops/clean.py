@@ -72,7 +72,9 @@ class CleanResult(BaseModel):
         return "\n".join(lines)
 
 
-def _owner(labels: dict[str, str], cluster: Cluster) -> str | None:
+def owner_of(labels: dict[str, str], cluster: Cluster) -> str | None:
+    """Whose TPU VM or queued resource of `cluster` this is, by its labels: "ray" (the autoscaler's),
+    "clusterbot" (add-worker's), or None when it is not the cluster's."""
     if labels.get(RAY_CLUSTER_LABEL) == cluster.ray_cluster_name:
         return "ray"
     if labels.get(LABEL_CLUSTER) == label_value(cluster.name):
@@ -87,7 +89,7 @@ def find_dead(ctx: Context, cluster: Cluster) -> list[tuple[Cleaned, NodeInfo | 
     found: list[tuple[Cleaned, NodeInfo | QueuedResourceInfo]] = []
     qr_of_dead: set[str] = set()
     for node in nodes:
-        owner = _owner(node.labels, cluster)
+        owner = owner_of(node.labels, cluster)
         if owner is not None and node.state in DEAD_NODE_STATES:
             found.append((Cleaned(name=node.node_id, kind="node", state=node.state,
                                   accelerator_type=node.accelerator_type, owner=owner), node))  # fmt: skip
@@ -95,7 +97,7 @@ def find_dead(ctx: Context, cluster: Cluster) -> list[tuple[Cleaned, NodeInfo | 
                 qr_of_dead.add(node.queued_resource)
     with_nodes = {n.queued_resource for n in nodes if n.queued_resource}
     for qr in api.list_queued_resources(cluster.zone):
-        owner = _owner(qr.labels, cluster)
+        owner = owner_of(qr.labels, cluster)
         if owner is None or qr.state not in DEAD_QR_STATES or qr.name in with_nodes:
             continue
         found.append((Cleaned(name=qr.qr_id, kind="queued-resource", state=qr.state,

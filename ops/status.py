@@ -236,12 +236,12 @@ class Cloud(BaseModel):
 
 def read_cloud(api: TpuApi, cluster: Cluster) -> Cloud:
     """Two listings of the cluster's zone (every page), filtered by the cluster's labels."""
-    from ops.clean import _owner
+    from ops.clean import owner_of
 
     out = Cloud()
     vms: Counter[str] = Counter()
     for node in api.list_nodes(cluster.zone):
-        if _owner(node.labels, cluster) is None:
+        if owner_of(node.labels, cluster) is None:
             continue
         vms[node.state] += 1
         if node.state in GONE_VM_STATES:
@@ -250,7 +250,7 @@ def read_cloud(api: TpuApi, cluster: Cluster) -> Cloud:
                 out.gone_ray_ids[node.node_id] = node.labels["ray-node-id"]
     queued: Counter[str] = Counter()
     for qr in api.list_queued_resources(cluster.zone):
-        if _owner(qr.labels, cluster) is not None:
+        if owner_of(qr.labels, cluster) is not None:
             queued[qr.state] += 1
     out.vms, out.queued = dict(vms), dict(queued)
     return out

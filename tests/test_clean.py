@@ -10,7 +10,7 @@ import json
 import pytest
 from google.cloud import tpu_v2
 
-from ops.clean import clean_preempted
+from ops.clean import clean_preempted, owner_of
 from ops.context import Context
 from ops.errors import Refused
 from ops.locks import acquire, current_lock
@@ -100,3 +100,11 @@ def test_refused_while_another_operation_holds_the_lock(ctx: Context, cloud: dic
     assert len(states(ctx)) == 6
     code, out, _ = _cli(ctx, "clean-preempted", "--cluster", "local", "--json")
     assert code == 0 and len(json.loads(out)["items"]) == 3
+
+
+def test_whose_vm_it_is_by_its_labels(ctx: Context) -> None:
+    """What clean-preempted and the health check's cloud read share (ops.status.read_cloud)."""
+    local = ctx.cluster("local")
+    assert owner_of({"ray-cluster-name": local.ray_cluster_name}, local) == "ray"
+    assert owner_of({"clusterbot-cluster": "local"}, local) == "clusterbot"
+    assert owner_of({"ray-cluster-name": "cb-other", "clusterbot-cluster": "other"}, local) is None
