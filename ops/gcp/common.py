@@ -1,5 +1,5 @@
-"""What the Secret Manager, Cloud Build and Artifact Registry clients of ops share: the retry of transient
-errors (google-api-core Retry with a deadline), the channel to the simulator, and one translation of a
+"""What the Google API clients of ops share: the one retry of transient errors (google-api-core Retry with
+a deadline; Cloud TPU's too, without rate limits), the channel to the simulator, and one translation of a
 permanent Google API error into an OpsError whose hint says what to do (permission denied names the role).
 """
 
@@ -16,14 +16,19 @@ TRANSIENT = (
     exceptions.DeadlineExceeded,
     exceptions.InternalServerError,
     exceptions.Aborted,
-    exceptions.TooManyRequests,  # a rate limit (RESOURCE_EXHAUSTED on these APIs): wait and retry
 )
+# A rate limit: RESOURCE_EXHAUSTED (a TooManyRequests) on Secret Manager, Cloud Build, Artifact Registry.
+RATE_LIMITED = (exceptions.TooManyRequests,)
 
 
-def retry(deadline_s: float = 60.0, initial_s: float = 0.5, maximum_s: float = 10.0) -> Retry:
-    """Transient errors retried with exponential backoff until `deadline_s`."""
+def retry(
+    deadline_s: float = 60.0, initial_s: float = 0.5, maximum_s: float = 10.0, *, rate_limits: bool = True
+) -> Retry:
+    """Transient errors retried with exponential backoff until `deadline_s`. `rate_limits=False` for
+    Cloud TPU, whose RESOURCE_EXHAUSTED is a quota or a stock-out: permanent, reported, never retried
+    (GCP_API_FACTS.md 1.8)."""
     return Retry(
-        predicate=if_exception_type(*TRANSIENT, exceptions.ResourceExhausted),
+        predicate=if_exception_type(*TRANSIENT, *(RATE_LIMITED if rate_limits else ())),
         initial=initial_s,
         maximum=maximum_s,
         multiplier=2.0,

@@ -20,23 +20,18 @@ from enum import StrEnum
 
 import grpc
 from google.api_core import exceptions
-from google.api_core.retry import Retry, if_exception_type
+from google.api_core.retry import Retry
 from google.cloud import tpu_v2, tpu_v2alpha1
 from pydantic import BaseModel
 
 from ops.errors import BadInput, OpsError, Refused
+from ops.gcp import common
 from ops.tpu_types import parse_tpu_type
 
 LABEL_CLUSTER = "clusterbot-cluster"
 LABEL_OWNER = "clusterbot-owner"
 LABEL_REQUEST = "clusterbot-request"  # which request created it: tells our own AlreadyExists apart
 LABEL_CAPACITY = "clusterbot-capacity"
-TRANSIENT = (
-    exceptions.ServiceUnavailable,
-    exceptions.DeadlineExceeded,
-    exceptions.InternalServerError,
-    exceptions.Aborted,
-)
 _QrState = tpu_v2alpha1.QueuedResourceState.State
 
 
@@ -132,15 +127,9 @@ def tpu_clients(endpoint: str | None) -> TpuClients:
 
 
 def default_retry(deadline_s: float = 120.0, initial_s: float = 1.0, maximum_s: float = 20.0) -> Retry:
-    """Transient errors retried with exponential backoff until `deadline_s` (TPU RPCs have no default
-    retry of their own, GCP_API_FACTS.md 0.3)."""
-    return Retry(
-        predicate=if_exception_type(*TRANSIENT),
-        initial=initial_s,
-        maximum=maximum_s,
-        multiplier=2.0,
-        timeout=deadline_s,
-    )
+    """ops.gcp.common's retry with Cloud TPU's pace and no rate limits (its RESOURCE_EXHAUSTED is quota or
+    stock-out). TPU RPCs have no default retry of their own (GCP_API_FACTS.md 0.3)."""
+    return common.retry(deadline_s, initial_s, maximum_s, rate_limits=False)
 
 
 def label_value(text: str) -> str:
