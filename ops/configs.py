@@ -137,14 +137,24 @@ def render_all(registry: Registry, infra_dir: Path | None = None) -> dict[Path, 
     return out
 
 
-def render_cluster(registry: Registry, cluster: Cluster, template: jinja2.Template | None = None) -> str:
-    """One GCP cluster's config text (header included), checked as `ray up` would check it."""
-    _check_values(registry, cluster)
+def render_cluster(
+    registry: Registry,
+    cluster: Cluster,
+    template: jinja2.Template | None = None,
+    image: str | None = None,
+) -> str:
+    """One GCP cluster's config text (header included), checked as `ray up` would check it.
+
+    `image` is the cluster image's full reference; by default the registry's (`image_tag`), which is
+    what the committed files carry. A start passes the store's pin instead (ops/images.py
+    `render_for_start`), so a push never changes what a running cluster's new workers pull."""
+    image = image or f"{registry.image(cluster)}:{cluster.image_tag}"
+    _check_values(cluster, image)
     template = template or _load_template(INFRA_DIR)
     context = {
         "cluster": cluster,
         "node_types": tpu_node_types(cluster),
-        "image": f"{registry.image(cluster)}:{cluster.image_tag}",
+        "image": image,
         "token_path": TOKEN_PATH,
         "token_dir": os.path.dirname(TOKEN_PATH),
         "secrets_dir": SECRETS_DIR,
@@ -260,7 +270,7 @@ def _file_stem(name: str) -> str:
     return name
 
 
-def _check_values(registry: Registry, cluster: Cluster) -> None:
+def _check_values(cluster: Cluster, image: str) -> None:
     """Refuse values that would need quoting in YAML or the shell: registry values are plain tokens."""
     if cluster.token_secret is None:
         raise BadInput(
@@ -268,7 +278,7 @@ def _check_values(registry: Registry, cluster: Cluster) -> None:
             "name the Secret Manager secret that holds the cluster's Ray auth token",
         )
     values = [(f, getattr(cluster, f)) for f in _INTERPOLATED_FIELDS if getattr(cluster, f) is not None]
-    values.append(("image", f"{registry.image(cluster)}:{cluster.image_tag}"))
+    values.append(("image", image))
     values += [("workload_secrets", name) for name in cluster.workload_secrets]
     if cluster.ssh_key is not None:
         for f in ("private_secret", "public_secret"):
