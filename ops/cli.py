@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from pydantic import BaseModel
 
 from ops.cli_health import add_commands as add_health_commands
+from ops.cli_tokens import add_commands as add_token_commands
 from ops.cli_workers import add_commands as add_worker_commands
 from ops.context import Context
 from ops.errors import BadInput, ExitCode, OpsError, Refused
@@ -188,7 +189,10 @@ def cmd_restart(ctx: Context, args: argparse.Namespace, out: Out) -> int:
     store = ctx.store
     restart.check_protected(cluster, args.override_protected)
     if cluster.gcs_address is not None:  # this process works on this one cluster: read its GCS in-process
-        adopt_cluster_auth(cluster.read_token())
+        try:
+            adopt_cluster_auth(ctx.token(cluster))
+        except OpsError:  # not readable now (the local cloud is down): the restart's own reads say so
+            pass
     if args.resume and args.abandon:
         raise BadInput("give --resume or --abandon, not both")
     if args.abandon:
@@ -228,7 +232,12 @@ def _finish(result: RestartResult, out: Out) -> int:
     """Exit 0 only for a restart that is done with every job resubmitted; 1 leaves it to --resume."""
     from ops.restart import Step
 
-    out.result(result, render_restart(result))
+    text = render_restart(result)
+    if result.token is not None:  # a rotation: which version is live, and what users must do
+        from ops.tokens import report_lines
+
+        text += "\n" + "\n".join(report_lines(result.cluster, result.token))
+    out.result(result, text)
     done = result.step == Step.DONE
     return 0 if done and all(x.status == "submitted" for x in result.resubmitted) else 1
 
@@ -309,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="do not ask")
     add_worker_commands(add)  # add-worker, workers, clean-preempted (ops/cli_workers.py)
     add_health_commands(add)  # health (ops/cli_health.py)
+    add_token_commands(add)  # token, rotate-token (ops/cli_tokens.py)
     p = add("prune", cmd_prune, "delete backups and journals of operations finished long ago")
     p.add_argument("--retention-days", type=float, help="default: CLUSTERBOT_RETENTION_DAYS, else 30")
     p.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")

@@ -6,6 +6,10 @@ Built once from configuration by whoever runs operations (the CLI, the bot); not
 its own client, and tests pass theirs (a store on fake-gcs-server, a registry copy, a driver with a
 fake `ray`). Drivers are kept per cluster because reaching a head may hold something open (a GCP
 cluster's dashboard tunnel); `close()` lets go of it.
+
+A cluster's Ray token comes from here too (`token`): Secret Manager at the version the cluster is pinned
+to (ops/tokens.py), read once per version; the Ray API and the driver (which starts heads with it) get it
+from this one place, never from a file.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class Context:
         self._tpus: dict[str, TpuApi] = {}
         self._cloud_endpoint = cloud_endpoint
         self._apis: dict[tuple[str, str], Any] = {}  # (kind, cluster name) -> SecretsApi / BuildApi / ...
+        self._tokens: dict[tuple[str, str, str], str] = {}  # (project, secret, version) -> token
         self._mutex = threading.Lock()
 
     @cached_property
@@ -72,12 +77,46 @@ class Context:
             driver = self._drivers.get(cluster.name)
             if driver is None:
                 driver = self._drivers[cluster.name] = self._driver_factory(cluster)
+                if hasattr(driver, "token_reader"):  # drivers that start heads take the token from here
+                    driver.token_reader = lambda: self.token(cluster)
             return driver
 
-    def ray(self, cluster: Cluster) -> RayApi:
+    def ray(self, cluster: Cluster, token_version: str | None = None) -> RayApi:
         """The cluster's Ray API where its driver reaches the dashboard now (a tunnel may open: call
-        from a thread in the bot). Raises OpsError when the driver cannot give an address at all."""
-        return RayApi(cluster, self.driver(cluster).dashboard_url())
+        from a thread in the bot), with the cluster's token (its pinned version, or `token_version`),
+        read on first use. Raises OpsError when the driver cannot give an address at all."""
+        return RayApi(
+            cluster, self.driver(cluster).dashboard_url(), token=lambda: self.token(cluster, token_version)
+        )
+
+    def token(self, cluster: Cluster, version: str | None = None) -> str | None:
+        """The cluster's Ray token from Secret Manager at its pinned version (or `version`), cached per
+        version; for a cluster with no `token_secret`, this machine's copy (the registry's `token`).
+        OpsError (naming the secret, never the value) when it cannot be read."""
+        secret = cluster.token_secret
+        if secret is None:
+            return cluster.read_token()
+        from ops.errors import OpsError
+        from ops.tokens import ensure_pin
+
+        try:
+            version = version or ensure_pin(self, cluster).version
+            key = (cluster.project, secret, version)
+            with self._mutex:
+                value = self._tokens.get(key)
+            if value is None:
+                value = self.secrets(cluster).access(secret, version).get_secret_value().decode()
+                with self._mutex:
+                    self._tokens[key] = value
+            return value
+        except OpsError:
+            raise
+        except Exception as e:  # no credentials, a client that cannot start: say which secret, not more
+            raise OpsError(
+                f"cannot read {cluster.name}'s Ray token (secret {secret}, project {cluster.project}): "
+                f"{type(e).__name__}",
+                "this machine needs Secret Manager access (gcloud auth application-default login)",
+            ) from None
 
     def tpu(self, cluster: Cluster) -> TpuApi:
         """Cloud TPU for the cluster's project, where its driver says the cloud is: Google for a GCP

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -43,17 +44,32 @@ class TokenRefused(BadInput):
 
 
 class RayApi:
-    def __init__(self, cluster: Cluster, url: str | None = None) -> None:
+    def __init__(
+        self, cluster: Cluster, url: str | None = None, token: Callable[[], str | None] | None = None
+    ) -> None:
         """`url`: where this machine reaches the dashboard now (the driver knows: `Driver.dashboard_url`);
-        the registry's `dashboard_url` by default."""
+        the registry's `dashboard_url` by default. `token`: how to get the cluster's Ray token, called
+        on first use (`Context.ray` passes Secret Manager at the cluster's pinned version); without
+        it, this machine's copy (the registry's `token`, what `ops token` writes)."""
         self.cluster = cluster
         self.url = (url or cluster.dashboard_url).rstrip("/")
-        self._token = cluster.read_token()
+        self._read_token = token or cluster.read_token
+        self._from_secret = token is not None and cluster.token_secret is not None
+        self._token_read = False
+        self._token_value: str | None = None
         self._jobs = None
 
     @property
+    def _token(self) -> str | None:
+        if not self._token_read:
+            self._token_value = self._read_token()
+            self._token_read = True
+        return self._token_value
+
+    @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        token = self._token
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     # -- plain HTTP -----------------------------------------------------------------------------
     def _get(self, path: str, timeout: float = HTTP_TIMEOUT_S) -> Any:
@@ -73,17 +89,23 @@ class RayApi:
 
     def token_refused(self, code: int) -> TokenRefused:
         source = self.cluster.token
-        where = (
-            "no token source in the registry"
-            if source is None
-            else f"the token file {source.path()}"
-            if source.file
-            else f"the environment variable {source.env}"
-        )
+        if self._from_secret:
+            where = f"Secret Manager, secret {self.cluster.token_secret} at the cluster's pinned version"
+            hint = (
+                f"was the token rotated by hand? `python -m ops rotate-token --cluster {self.cluster.name}`"
+            )
+        else:
+            where = (
+                "no token source in the registry"
+                if source is None
+                else f"the token file {source.path()}"
+                if source.file
+                else f"the environment variable {source.env}"
+            )
+            hint = f"refresh this machine's copy: `python -m ops token --cluster {self.cluster.name}`"
         sent = "our token" if self._token else "no token (none found on this machine)"
         return TokenRefused(
-            f"the {self.cluster.name} dashboard refused {sent} (HTTP {code}); token read from {where}",
-            "refresh this machine's copy of the cluster's Ray token there",
+            f"the {self.cluster.name} dashboard refused {sent} (HTTP {code}); token read from {where}", hint
         )
 
     def _unreachable(self, e: BaseException) -> OpsError:
@@ -94,8 +116,13 @@ class RayApi:
         )
 
     def probe(self, timeout: float = 2.0) -> tuple[Reach, int | None]:
-        """One look at the dashboard: (what it saw, the HTTP status when there was one)."""
-        req = urllib.request.Request(self.url + "/api/version", headers=self.headers)
+        """One look at the dashboard: (what it saw, the HTTP status when there was one). A token that
+        cannot be read (Secret Manager out of reach) is UNREACHABLE too: nothing could be read."""
+        try:
+            headers = self.headers
+        except OpsError:
+            return Reach.UNREACHABLE, None
+        req = urllib.request.Request(self.url + "/api/version", headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 resp.read()

@@ -13,6 +13,12 @@ the driver says positively that there is no head, or when an admin forces it (`f
 running (or pending on resources); a head that died meanwhile sends the restart back to starting
 the cluster, a job that failed back to resubmitting it, both for `resume` to continue.
 
+A token rotation (ops/tokens.py) is a restart whose record carries a `TokenRotation`: the steps up to
+cluster_stopped read the head with the old token; starting the cluster first moves the cluster's pin to
+the new version (recorded as `live` in the record, then in the pin), so the new head, the resubmission
+and the settle use the new token; before "done" the dashboard must accept the new token and refuse
+the old, and the old version is disabled unless another cluster pins it.
+
 Every step is idempotent, so a restart killed anywhere is continued by `resume` from the last
 recorded step. Jobs are backed up (running and pending, with what the dashboard does not show)
 before anything is stopped, and resubmitted under a deterministic new id, so a retried submission
@@ -51,6 +57,7 @@ from ops.locks import (
 from ops.ray_api import RayApi
 from ops.registry import Cluster
 from ops.store import Store, dump, read_model
+from ops.tokens import TokenRotation
 
 Progress = Callable[[str], None]
 
@@ -65,6 +72,8 @@ class Step(StrEnum):
     DONE = "done"
     ABANDONED = "abandoned"
 
+
+RESTARTING_KINDS = ("restart", "rotate-token")  # locks whose operation is a RestartRun (resume, abandon)
 
 ORDER = [Step.PLANNED, Step.BACKED_UP, Step.JOBS_STOPPED, Step.CLUSTER_STOPPED, Step.CLUSTER_STARTED,
          Step.RESUBMITTED, Step.DONE]  # fmt: skip
@@ -117,6 +126,7 @@ class RestartRecord(BaseModel):
     skip_resubmit: dict[str, str] = Field(default_factory=dict)  # job id -> who asked to leave it out
     head_node: str | None = None  # the new head's node id, checked while settling
     workers: list[str] = Field(default_factory=list)  # the ledger's workers after the restart, one line each
+    token: TokenRotation | None = None  # a token rotation: which version is live, what is verified
 
     @property
     def scope(self) -> str:
@@ -153,6 +163,7 @@ class RestartResult(BaseModel):
     unbacked: bool = False
     left_out: dict[str, str] = Field(default_factory=dict)  # job id -> who asked not to resubmit it
     workers: list[str] = Field(default_factory=list)  # reserved workers re-added, one line each
+    token: TokenRotation | None = None  # a rotation: its versions, verified, the old one disabled
 
 
 def _record_key(cluster: str, op_id: str) -> str:
@@ -355,6 +366,7 @@ class RestartRun:
             unbacked=r.unbacked,
             left_out=r.skip_resubmit,
             workers=r.workers,
+            token=r.token,
         )
 
     def _fail(self, e: BaseException) -> None:
@@ -369,6 +381,7 @@ class RestartRun:
         try:
             if untouched:
                 self._save(error=reason, step=Step.ABANDONED, finished_at=datetime.now(UTC))
+                self._drop_unused_version()
                 event = "refused" if isinstance(e, Refused) else "failed_untouched"
                 journal.append(self.store, self.record.scope, event, error=reason)
                 self.lease.release()
@@ -379,6 +392,16 @@ class RestartRun:
             self.lease.expire()
         except Exception:  # the store is unreachable too: the lease then expires on its own
             return
+
+    def _drop_unused_version(self) -> None:
+        """A rotation that stopped nothing: its new version was never pinned; disable it (best effort)."""
+        rotation = self.record.token
+        if rotation is None:
+            return
+        try:
+            self.ctx.secrets(self.cluster).disable(rotation.secret, rotation.new_version)
+        except Exception as e:  # it stays enabled and unpinned: harmless, and said
+            self.progress(f"could not disable the unused version {rotation.new_version}: {type(e).__name__}")
 
     def _head(self) -> Head:
         return read_head(self.api, self.driver, self.settings, self.record.force_unbacked, self.progress)
@@ -523,6 +546,7 @@ class RestartRun:
 
     def start_cluster(self) -> None:
         t = time.monotonic()
+        self._switch_token()
         self.progress(self.driver.start())
         timeout = self.settings.head_timeout_s or (120.0 if self.cluster.driver == "local" else 1200.0)
         self._api = self.ctx.ray(self.cluster)  # a new head: maybe a new address
@@ -534,6 +558,45 @@ class RestartRun:
         for line in workers:
             self.progress(line)
         self._advance(Step.CLUSTER_STARTED, t, head_node=self._head_node(), workers=workers)
+
+    def _switch_token(self) -> None:
+        """A rotation: the old head is stopped, so the cluster's pin moves to the new version (the record
+        first, so a resume knows; both idempotent); the driver starts the new head with it."""
+        rotation = self.record.token
+        if rotation is None:
+            return
+        from ops import tokens
+
+        if rotation.live != rotation.new_version:
+            self._save(token=rotation.model_copy(update={"live": rotation.new_version}))
+            journal.append(self.store, self.record.scope, "token_live", secret=rotation.secret,
+                           version=rotation.new_version)  # fmt: skip
+            _fault_point("token:live")
+        tokens.switch(self.ctx, self.cluster, rotation, self.record.op_id)
+        self.progress(
+            f"{self.cluster.name} now runs with version {rotation.new_version} of {rotation.secret}"
+        )
+
+    def _finish_rotation(self) -> None:
+        """A rotation's last checks: the new token accepted and the old refused (recorded), then the old
+        version disabled unless another cluster pins it."""
+        from ops import tokens
+
+        rotation = self.record.token
+        assert rotation is not None
+        if not rotation.verified:
+            tokens.verify(self.ctx, self.cluster, rotation)
+            rotation = rotation.model_copy(update={"verified": True})
+            self._save(token=rotation)
+            journal.append(self.store, self.record.scope, "token_verified", version=rotation.new_version)
+            self.progress("the dashboard accepts the new token and refuses the old")
+            _fault_point("token:verified")
+        if not rotation.old_disabled and not rotation.old_kept_for:
+            rotation = tokens.retire(self.ctx, self.cluster, rotation)
+            self._save(token=rotation)
+            journal.append(self.store, self.record.scope, "token_retired", version=rotation.old_version,
+                           disabled=rotation.old_disabled, kept_for=rotation.old_kept_for)  # fmt: skip
+            self.progress(tokens.report_lines(self.cluster.name, rotation)[0])
 
     def _head_node(self) -> str | None:
         """The id of the head node, alive (None when the dashboard cannot say)."""
@@ -650,6 +713,8 @@ class RestartRun:
                 )
             time.sleep(1.0)
         self.progress(f"the head stayed up {time.monotonic() - t:.0f}s with every job running")
+        if self.record.token is not None:
+            self._finish_rotation()
         self.api.delete_finished_probes()
         self._advance(Step.DONE, t, finished_at=datetime.now(UTC), error=None)
 
@@ -727,10 +792,12 @@ def start_restart(
     lease: Lease | None = None,
     force_unbacked: bool = False,
     skip_resubmit: dict[str, str] | None = None,
+    token: TokenRotation | None = None,
 ) -> RestartRun:
     """Take the cluster's lock (or use `lease`, held since the bot announced the restart) and create
     the operation record; `.run()` then executes it. `skip_resubmit`: jobs backed up but not
-    resubmitted, each with who asked (jobs that must not run twice)."""
+    resubmitted, each with who asked (jobs that must not run twice). `token`: the rotation this
+    restart rolls out (ops.tokens.start_rotation)."""
     store = ctx.store
     settings = settings or Settings()
     if lease is None:
@@ -744,10 +811,13 @@ def start_restart(
         created_at=datetime.now(UTC),
         force_unbacked=force_unbacked,
         skip_resubmit=dict(skip_resubmit or {}),
+        token=token,
     )
     try:
         version = store.create(_record_key(cluster.name, op_id), dump(record))
-        journal.append(store, record.scope, "requested", by=caller, preserve_jobs=preserve_jobs)
+        versions = None if token is None else [token.old_version, token.new_version]
+        journal.append(store, record.scope, "requested", by=caller, preserve_jobs=preserve_jobs,
+                       token_versions=versions)  # fmt: skip
     except BaseException:
         lease.release()
         raise
@@ -767,7 +837,7 @@ def resume_restart(
     store = ctx.store
     settings = settings or Settings()
     held = current_lock(store, cluster.name)
-    if held is None or held.kind != "restart":
+    if held is None or held.kind not in RESTARTING_KINDS:
         raise Refused(f"there is no unfinished restart on {cluster.name} to resume")
     if find_record(store, cluster.name, held.op_id) is None:
         raise _no_record(cluster, held, "resume")
@@ -792,7 +862,7 @@ def abandon_restart(ctx: Context, cluster: Cluster, caller: str, lease_s: float)
     """Give up an unfinished restart whose process died: release the lock, keep every backup."""
     store = ctx.store
     held = current_lock(store, cluster.name)
-    if held is None or held.kind != "restart":
+    if held is None or held.kind not in RESTARTING_KINDS:
         raise Refused(f"there is no unfinished restart on {cluster.name} to abandon")
     if find_record(store, cluster.name, held.op_id) is None:  # checked first: a refusal changes nothing
         raise _no_record(cluster, held, "abandon")

@@ -20,7 +20,7 @@ Adding one changes no line of the engine, the rules or an adapter beyond declari
 
 from __future__ import annotations
 
-from bot.operations import add_worker, clean_preempted, restart
+from bot.operations import add_worker, clean_preempted, restart, rotate_token
 from bot.protocol.model import Spec
 from ops.restart import Settings as RestartSettings
 from ops.workers import Settings as WorkerSettings
@@ -32,6 +32,7 @@ def registered(
     """Every operation the bot offers, by kind (its command's name); tests pass shorter timings."""
     specs = [
         restart.spec(restart_settings),
+        rotate_token.spec(restart_settings),
         add_worker.spec(worker_settings),
         clean_preempted.spec(worker_settings),
     ]

@@ -13,6 +13,12 @@ CLUSTERBOT_HOME/local/<name>/sim) before it: the autoscaler launches TPU VMs thr
 (ops/sim/node_provider.py), and a READY VM's Ray workers join the head (ops/sim/workers.py). `stop`
 deletes the autoscaled VMs as `ray down` does, stops the simulator, and leaves no process of either;
 VMs created by hand (add-worker) stay in the simulator's state and rejoin the head at the next start.
+
+Token auth, as on the GCP clusters: the head (and the simulator's VMs) read the token from a 0600 file
+in the state dir, written at each start from the simulated Secret Manager at the cluster's pinned
+version (`token_reader`, given by the Context: ops/tokens.py). The same value goes to this machine's
+copy (the registry's `token.file`, where `ops token` writes it): for the local cluster, this machine is
+its only user. A driver built without a Context (tests' fixtures) starts the head from that copy.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,6 +60,10 @@ STOP_TIMEOUT_S = 2.0  # how long a port a leftover of ours held may take to be f
 
 
 class LocalDriver:
+    # How to read the cluster's Ray token at its pinned version (set by the Context); None: this
+    # machine's copy (the registry's `token`), made up when missing.
+    token_reader: Callable[[], str | None] | None = None
+
     def __init__(self, cluster: Cluster) -> None:
         assert cluster.local_ports is not None
         self.cluster = cluster
@@ -64,6 +75,7 @@ class LocalDriver:
         self.pid_file = self.state_dir / "head.pid"
         self.log_file = self.state_dir / "head.log"
         self.sim_dir = self.state_dir / "sim"  # the simulator's state, sim.json (pid, port), head.json
+        self.head_token_file = self.state_dir / "head_token"  # what the head and its VMs run with
 
     # -- what the cluster looks like -------------------------------------------------------------
     def autoscaling_config(self) -> dict:
@@ -117,7 +129,28 @@ class LocalDriver:
         }
 
     def token_path(self) -> Path | None:
-        return None if self.cluster.token is None else self.cluster.token.path()
+        """The file the head and its VMs read the token from; None when the cluster has no token auth."""
+        if self.cluster.token is None and self.cluster.token_secret is None:
+            return None
+        return self.head_token_file
+
+    def _write_head_token(self) -> None:
+        """The token for the head about to start: Secret Manager's at the pinned version (also written
+        to this machine's copy), or without a Context that copy (made up when there is none)."""
+        from ops.tokens import write_private
+
+        copy = None if self.cluster.token is None else self.cluster.token.path()
+        if self.token_reader is not None:
+            value = self.token_reader()
+            if value and copy is not None:
+                write_private(copy, value)
+        else:
+            value = self.cluster.read_token()
+            if not value and copy is not None:
+                value = secrets.token_hex(32)
+                write_private(copy, value)
+        if value:
+            write_private(self.head_token_file, value)
 
     def env(self) -> dict[str, str]:
         """The environment `ray start` runs in, and so every job's: an allowlist of ours (ENV_ALLOWED),
@@ -276,12 +309,9 @@ class LocalDriver:
         self.stop()  # leftovers of a head that died leave ports taken
         self.check_ports()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        token_path = self.token_path()
-        if token_path is not None and not token_path.exists():
-            token_path.parent.mkdir(parents=True, exist_ok=True)
-            token_path.touch(mode=0o600)
-            token_path.write_text(secrets.token_hex(32))
         self._start_sim()
+        if self.token_path() is not None:
+            self._write_head_token()  # after the simulator: its Secret Manager holds the token
         config_path = self.state_dir / "autoscaler.yaml"
         config_path.write_text(yaml.safe_dump(self.autoscaling_config(), sort_keys=False))
         with open(self.log_file, "ab") as log:

@@ -72,6 +72,7 @@ class Operations(commands.Cog):
         self.engine = engine
 
     restart = operation_command(registered()["restart"])
+    rotate_token = operation_command(registered()["rotate-token"])
 
     @app_commands.command(name="cancel", description="Cancel an operation (your newest when omitted)")
     @app_commands.describe(operation="The operation id (see the announcement)")
