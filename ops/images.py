@@ -4,7 +4,9 @@ registry uses, pinned in the store, and kept there by cleanup policies that spar
 - `build_image`: one Cloud Build per project from the Dockerfile the registry names (today
   `DOCKERFILE`, see Settings), every region's repository created if absent, tagged `latest`, the git
   short hash, the UTC date and one tag no other build has (`<hash>-<date>-<time>`, the pin). It restarts
-  nothing: its result lists the clusters whose next start takes the new image.
+  nothing: its result lists the clusters whose next start takes the new image. Its tags and build ids
+  are kept per operation (`images/ops/<op>.json`): run again (the bot resuming after its own restart),
+  it follows the build it started instead of starting another.
 - The pin: `images/pin.json` in the store, per project and region ({tag, digest, who, when, op}), so the
   bot records it without a git checkout. `render_for_start` renders a cluster's config from the
   registry plus that pin (`<image>:<pin tag>@<digest>`: exact even if someone re-pushes the tag) and
@@ -44,6 +46,7 @@ DOCKERFILE = "docker/cluster/Dockerfile"
 REVISION_ENV = "CLUSTERBOT_GIT_SHA"
 PIN_KEY = "images/pin.json"
 STARTED_PREFIX = "images/started/"
+ATTEMPTS_PREFIX = "images/ops/"  # each build-image operation's tags and builds, for a resume
 # Our cleanup policies' ids: set_registry_cleanup replaces these and leaves any other policy alone.
 KEEP_PINNED = "clusterbot-keep-pinned"
 KEEP_NEWEST = "clusterbot-keep-newest"
@@ -293,18 +296,17 @@ def build_image(
     settings = settings or Settings()
     started_at = time.monotonic()
     chosen = targets(ctx.registry, regions)
-    revision = git_revision(settings.context)
-    now = now or datetime.now(UTC)
-    pin_tag = f"{revision}-{now:%Y%m%d-%H%M%S}"
-    tags = ["latest", revision, f"{now:%Y%m%d}", pin_tag]
-    op = op or f"cli-{pin_tag}"
+    attempt = _attempt(ctx, op, settings, now)
+    revision, tags, now = attempt.revision, attempt.tags, attempt.at
+    pin_tag = tags[-1]
+    op = attempt.op
     by_project: dict[str, list[Target]] = {}
     for t in chosen:
         by_project.setdefault(t.project, []).append(t)
     new: dict[str, Pin] = {}
     build_ids, log_urls = [], []
     for group in by_project.values():
-        pins_of, build_id, log_url = _build_in_project(ctx, group, tags, pin_tag, progress, settings)
+        pins_of, build_id, log_url = _build_in_project(ctx, attempt, group, progress, settings)
         for t in group:
             new[t.key] = Pin(image=t.image, tag=pin_tag, digest=pins_of[t.key], tags=tags, built_at=now,
                              by=by, op=op, build_id=build_id)  # fmt: skip
@@ -328,33 +330,47 @@ def build_image(
     )  # fmt: skip
 
 
+class _Attempt(BaseModel):
+    """One build-image operation's choices, kept so that running it again (the bot resuming an operation
+    after its own restart) follows the same builds under the same tags instead of starting new ones."""
+
+    op: str
+    revision: str
+    tags: list[str]  # latest, hash, date, the pin tag (last)
+    at: datetime
+    builds: dict[str, str] = Field(default_factory=dict)  # project -> Cloud Build id, once started
+
+
+def _attempt(ctx: Context, op: str, settings: Settings, now: datetime | None) -> _Attempt:
+    """The operation's attempt: the one recorded for `op`, else a new one (recorded)."""
+    if op:
+        got = read_model(ctx.store, f"{ATTEMPTS_PREFIX}{op}.json", _Attempt)
+        if got is not None:
+            return got[0]
+    revision = git_revision(settings.context)
+    now = now or datetime.now(UTC)
+    pin_tag = f"{revision}-{now:%Y%m%d-%H%M%S}"
+    attempt = _Attempt(op=op or f"cli-{pin_tag}", revision=revision, at=now,
+                       tags=["latest", revision, f"{now:%Y%m%d}", pin_tag])  # fmt: skip
+    ctx.store.put(f"{ATTEMPTS_PREFIX}{attempt.op}.json", dump(attempt))
+    return attempt
+
+
 def _build_in_project(
-    ctx: Context, group: list[Target], tags: list[str], pin_tag: str, progress: Progress, settings: Settings
+    ctx: Context, attempt: _Attempt, group: list[Target], progress: Progress, settings: Settings
 ) -> tuple[dict[str, str], str, str]:
     """One build pushing to every region of one project: ({target key: digest}, build id, log URL)."""
     cloud = _cloud_of(ctx.registry, group[0])
     project = group[0].project
     artifacts, builds = ctx.artifacts(cloud), ctx.builds(cloud)
-    for t in group:
-        artifacts.ensure_repository(t.region, t.repository, "the cluster image (clusterbot build-image)")
-    progress(f"repositories ready in {', '.join(t.region for t in group)}")
-    bucket = f"{project}_cloudbuild"  # where `gcloud builds submit` puts sources too
-    try:
-        source = builds.upload_source(settings.context, bucket, prefix="clusterbot/source")
-    except Exception as e:
-        raise OpsError(
-            f"could not upload the build's source to gs://{bucket}: {type(e).__name__}: {e}",
-            f"create the bucket (gcloud storage buckets create gs://{bucket} --project={project}) and let "
-            "the bot's service account write to it",
-        ) from None
-    progress(f"source uploaded ({settings.dockerfile})")
-    images = [f"{t.image}:{tag}" for t in group for tag in tags]
-    build = builds.docker_build(
-        bucket, source, images, dockerfile=settings.dockerfile, timeout_s=settings.timeout_s
-    )
-    progress(f"build {build.id} {build.status} in {project}")
+    pin_tag = attempt.tags[-1]
+    build_id = attempt.builds.get(project)
+    if build_id is None:
+        build_id = _start_build(ctx, attempt, group, progress, settings)
+    else:
+        progress(f"following build {build_id}, started before")
     done = builds.wait(
-        build.id,
+        build_id,
         timeout_s=settings.timeout_s + 600,  # Cloud Build times the build out itself; queueing comes on top
         progress=lambda b: progress(f"build {b.id} {b.status}"),
     )
@@ -374,6 +390,36 @@ def _build_in_project(
         digests[t.key] = digest
     progress(f"pushed {digests[group[0].key][:19]} to {', '.join(t.region for t in group)}")
     return digests, done.id, done.log_url
+
+
+def _start_build(
+    ctx: Context, attempt: _Attempt, group: list[Target], progress: Progress, settings: Settings
+) -> str:
+    """Create the repositories, upload the source, start the build, record its id; the build's id."""
+    cloud = _cloud_of(ctx.registry, group[0])
+    project = group[0].project
+    artifacts, builds = ctx.artifacts(cloud), ctx.builds(cloud)
+    for t in group:
+        artifacts.ensure_repository(t.region, t.repository, "the cluster image (clusterbot build-image)")
+    progress(f"repositories ready in {', '.join(t.region for t in group)}")
+    bucket = f"{project}_cloudbuild"  # where `gcloud builds submit` puts sources too
+    try:
+        source = builds.upload_source(settings.context, bucket, prefix="clusterbot/source")
+    except Exception as e:
+        raise OpsError(
+            f"could not upload the build's source to gs://{bucket}: {type(e).__name__}: {e}",
+            f"create the bucket (gcloud storage buckets create gs://{bucket} --project={project}) and let "
+            "the bot's service account write to it",
+        ) from None
+    progress(f"source uploaded ({settings.dockerfile})")
+    images = [f"{t.image}:{tag}" for t in group for tag in attempt.tags]
+    build = builds.docker_build(
+        bucket, source, images, dockerfile=settings.dockerfile, timeout_s=settings.timeout_s
+    )
+    attempt.builds[project] = build.id
+    ctx.store.put(f"{ATTEMPTS_PREFIX}{attempt.op}.json", dump(attempt))
+    progress(f"build {build.id} {build.status} in {project}")
+    return build.id
 
 
 # -- cleanup -------------------------------------------------------------------------------------------

@@ -365,3 +365,25 @@ async def test_a_failed_build_from_chat_reports_the_log_tail(
     assert "build-image FAILED" in report.text and "ended FAILURE (USER_BUILD_STEP)" in report.text
     assert "No matching distribution found for jax==99" in report.text
     assert "nothing was pinned" in report.text and pins(ctx).regions == {}
+
+
+def test_a_build_image_run_again_follows_its_build_instead_of_starting_another(
+    ctx: Context, sim: SimServer, settings: Settings
+) -> None:
+    class Died(Exception):
+        pass
+
+    def die_once_started(line: str) -> None:
+        if " QUEUED in " in line:  # the bot goes down right after Cloud Build took the build
+            raise Died
+
+    with pytest.raises(Died):
+        build_image(ctx, "bob", regions=["us-east5"], op="build-image-1", progress=die_once_started,
+                    settings=settings, now=NOW)  # fmt: skip
+    assert pins(ctx).regions == {} and len(sim.builds.summary()) == 1
+    lines: list[str] = []
+    result = build_image(ctx, "bob", regions=["us-east5"], op="build-image-1", progress=lines.append,
+                         settings=settings, now=NOW + timedelta(minutes=5))  # fmt: skip
+    [build_id] = sim.builds.summary()
+    assert result.builds == [build_id] and f"following build {build_id}, started before" in lines
+    assert result.pins["hai-gcp-models/us-east5"].tag == "abc1234-20261123-101500"  # the first run's tags
