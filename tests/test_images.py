@@ -387,3 +387,11 @@ def test_a_build_image_run_again_follows_its_build_instead_of_starting_another(
     [build_id] = sim.builds.summary()
     assert result.builds == [build_id] and f"following build {build_id}, started before" in lines
     assert result.pins["hai-gcp-models/us-east5"].tag == "abc1234-20261123-101500"  # the first run's tags
+
+
+def test_the_build_image_command_takes_regions_and_no_cluster() -> None:
+    from bot.adapters.cogs.images import Images
+
+    command = Images.build_image
+    assert command.name == "build-image" and [p.name for p in command.parameters] == ["regions"]
+    assert command.parameters[0].required is False and "comma-separated" in command.parameters[0].description
