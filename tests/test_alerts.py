@@ -15,10 +15,14 @@ from pathlib import Path
 import pytest
 
 from bot.adapters.discord_bot import ClusterBot
-from bot.adapters.recorder import ManualClock
+from bot.adapters.recorder import ManualClock, Recorder
 from bot.alerts.model import AlertSettings
+from bot.alerts.monitor import Monitor
 from bot.config import BotConfig, Rights, Windows
 from bot.config import Settings as BotSettings
+from bot.operations import registered
+from bot.protocol.engine import Engine
+from bot.protocol.model import User
 from ops.context import Context
 from ops.health import Point, Verdict, record
 from ops.registry import Registry, load_registry
@@ -175,3 +179,21 @@ async def test_the_daily_summary_charts_a_seeded_day_and_a_due_worker_is_told_to
             assert private and "announced" in text, text
             assert any("asks to **restart gone**" in m.content for m in fake.messages("infra"))
     assert fake.unknown_routes == []
+
+
+async def test_restart_from_an_alert_on_a_protected_cluster_takes_an_admins_click(ctx: Context) -> None:
+    gone = ctx.registry.clusters["gone"]
+    ctx.registry.clusters["gone"] = gone.model_copy(update={"protected": True})
+    config = BotConfig(rights=Rights(admins=["root"]), alerts=AlertSettings(clusters=["gone"]))
+    chat = Recorder()
+    engine = Engine(ctx, config, chat, registered(RestartSettings(reach_deadline_s=1)), clock=ManualClock(T0))
+    monitor = Monitor(engine)
+    alice, root = User(id="alice", name="alice"), User(id="root", name="root")
+    r = await engine.act(alice, "alert:gone:head-down", "restart")
+    assert not r.ok and "gone is protected" in r.text and chat.log == []
+    r = await engine.act(root, "alert:gone:head-down", "restart")
+    assert r.ok and "announced" in r.text, r.text
+    [op] = engine.ops.values()
+    assert op.params["override"] is True and not op.confirmed  # its owners are still asked
+    await engine.cancel(root, op.op_id)
+    assert monitor.book.firing == {}

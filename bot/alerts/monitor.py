@@ -152,8 +152,13 @@ class Monitor:
         cluster, _, problem = key.partition(":")
         if cluster not in self.engine.registry.clusters:
             return Reply(f"no alert {target}", ok=False)
-        if action == "restart":
-            return await self.engine.request(user, "restart", cluster, {})
+        if action == "restart":  # the full protocol: its owners are asked as always
+            protected = self.engine.registry.clusters[cluster].protected
+            if protected and not self.engine.is_admin(user):
+                return Reply(f"{cluster} is protected: only an admin's click (an override) restarts it",
+                             ok=False)  # fmt: skip
+            params = {"override": True} if protected else {}
+            return await self.engine.request(user, "restart", cluster, params)
         if action == "clean":
             return await self.engine.request(user, "clean-preempted", cluster, {})
         if action != "silence":
