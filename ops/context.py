@@ -77,8 +77,11 @@ class Context:
             driver = self._drivers.get(cluster.name)
             if driver is None:
                 driver = self._drivers[cluster.name] = self._driver_factory(cluster)
-                if hasattr(driver, "token_reader"):  # drivers that start heads take the token from here
+                # Drivers that start heads take the token (local) or its pinned version (GCP) from here.
+                if hasattr(driver, "token_reader"):
                     driver.token_reader = lambda: self.token(cluster)
+                if hasattr(driver, "token_version_reader") and cluster.token_secret is not None:
+                    driver.token_version_reader = lambda: self._pinned_version(cluster)
             return driver
 
     def ray(self, cluster: Cluster, token_version: str | None = None) -> RayApi:
@@ -88,6 +91,11 @@ class Context:
         return RayApi(
             cluster, self.driver(cluster).dashboard_url(), token=lambda: self.token(cluster, token_version)
         )
+
+    def _pinned_version(self, cluster: Cluster) -> str:
+        from ops.tokens import ensure_pin
+
+        return ensure_pin(self, cluster).version
 
     def token(self, cluster: Cluster, version: str | None = None) -> str | None:
         """The cluster's Ray token from Secret Manager at its pinned version (or `version`), cached per

@@ -195,3 +195,62 @@ async def test_rotate_token_in_chat_asks_bob_and_reports_the_new_version(
     every = "\n".join(m.text for _, _, m in chat.log)
     check_never_shown(ops_env, cluster, old[1], new[1], texts=every)
     await asyncio.sleep(0)
+
+
+# -- GCP clusters: the pin reaches `ray up`, and a version no cluster pins is the only one disabled --------
+def test_each_gcp_cluster_starts_with_its_pinned_version_and_a_pinned_one_stays_enabled(
+    tmp_path: Path,
+) -> None:
+    from ops.configs import update_configs
+    from ops.drivers.gcp import GcpDriver, RunResult
+    from ops.registry import DEFAULT_REGISTRY
+    from ops.sim.server import SimServer
+    from ops.store import LocalStore
+    from ops.tokens import TokenRotation, ensure_pin, retire, write_pin
+
+    registry = load_registry(DEFAULT_REGISTRY)
+    for c in registry.clusters.values():
+        if c.driver == "gcp":
+            c.ssh_key = None
+    update_configs(registry, check=False, infra_dir=_template_copy(tmp_path))
+    seen: dict[str, str] = {}
+
+    def runner(argv, *, timeout, cwd):  # noqa: ANN001, ANN202 - Ray's CLI: keep what `ray up` was given
+        seen[argv[1]] = Path(argv[-1]).read_text()
+        return RunResult(0, "")
+
+    def driver(c: Cluster) -> GcpDriver:
+        return GcpDriver(c, runner=runner, config_dir=tmp_path / "infra", state_dir=tmp_path / "gcp")
+
+    with SimServer(secrets={"hai-gcp-models": {"RAY_AUTH_TOKEN": "tok-v1"}}) as sim:
+        ctx = Context(LocalStore(tmp_path / "store"), registry, driver_factory=driver,
+                      cloud_endpoint=lambda _: sim.address)  # fmt: skip
+        central, east = registry.get("us-central2"), registry.get("us-east5")
+        assert ensure_pin(ctx, central).version == "1" and ensure_pin(ctx, east).version == "1"
+        assert ctx.token(central) == "tok-v1"
+        v2 = ctx.secrets(east).add_version("RAY_AUTH_TOKEN", "tok-v2").version  # us-east5's rotation
+        write_pin(ctx.store, east, v2, "test")
+
+        ctx.driver(central).start()
+        assert "versions access 1 --secret=RAY_AUTH_TOKEN" in seen["up"]
+        ctx.driver(east).start()
+        assert "versions access 2 --secret=RAY_AUTH_TOKEN" in seen["up"]
+        assert "versions access latest --secret=RAY_AUTH_TOKEN" not in seen["up"]
+        assert ctx.token(east) == "tok-v2" and ctx.token(central) == "tok-v1"
+
+        rotation = TokenRotation(secret="RAY_AUTH_TOKEN", old_version="1", new_version=v2, live=v2)
+        done = retire(ctx, east, rotation)
+        assert not done.old_disabled and "us-central2" in done.old_kept_for
+        assert ctx.secrets(east).version("RAY_AUTH_TOKEN", "1").state == "ENABLED"
+        ctx.close()
+
+
+def _template_copy(tmp_path: Path) -> Path:
+    import shutil
+
+    from ops.configs import INFRA_DIR, TEMPLATE_NAME
+
+    infra = tmp_path / "infra"
+    infra.mkdir()
+    shutil.copy(INFRA_DIR / TEMPLATE_NAME, infra / TEMPLATE_NAME)
+    return infra

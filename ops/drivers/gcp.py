@@ -29,6 +29,11 @@ Reaching the head (the registry's `reach`; `dashboard_url()` is where it answers
 (and not after Ray's warning that a head exists but is not up to date); anything else it cannot read is
 None, which never lets a restart go on without a backup.
 
+The Ray token's version: the generated configs fetch the token secret at `latest` (what a person's own
+`ray up` gets); `start` runs `ray up` on a private copy that fetches the version the cluster is pinned to
+in the store (ops/tokens.py; `token_version_reader`, set by the Context), so a version added for another
+cluster, or a rotation not yet rolled out here, never reaches this cluster's nodes.
+
 Head-first deletion: decided against here, and left to `ray down`'s own ordering.
 Marin's `stop-cluster` deletes the head VM through the Compute API before it deletes the TPUs and runs
 `ray down`, so that the autoscaler cannot start workers while the cluster is torn down. Ray 2.60's
@@ -69,7 +74,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -173,6 +178,10 @@ def default_ray_bin() -> str:
 class GcpDriver:
     """Start, stop, find and reach one GCP cluster's head with Ray's cluster launcher and its config."""
 
+    # The version of the cluster's token secret its nodes must fetch (set by the Context); None: the
+    # config's own (`latest`).
+    token_version_reader: Callable[[], str] | None = None
+
     def __init__(
         self,
         cluster: Cluster,
@@ -212,7 +221,7 @@ class GcpDriver:
         The head may be a new VM: the old tunnel and address are dropped, the next `dashboard_url`
         reaches the new head."""
         self._forget_head()
-        self._ray(["up", "-y", "--no-config-cache"], self.up_timeout_s, ssh=True)
+        self._ray(["up", "-y", "--no-config-cache"], self.up_timeout_s, ssh=True, pin_token=True)
         c = self.cluster
         where = c.dashboard_url + " (tunnel)" if c.reach == "tunnel" else "the head's internal address"
         return f"{c.name}: ray up done for {c.ray_cluster_name} in {c.zone}; dashboard at {where}"
@@ -382,30 +391,38 @@ class GcpDriver:
             return False
 
     # -- running `ray` ---------------------------------------------------------------------------------
-    def _config(self, ssh: bool) -> Path:
-        """The config `ray` gets: the generated one, or for commands that use SSH when the registry
-        names a key, a private copy whose `auth.ssh_private_key` points at that key."""
+    def _config(self, ssh: bool, pin_token: bool = False) -> Path:
+        """The config `ray` gets: the generated one, or a private copy: for commands that use SSH when
+        the registry names a key, with `auth.ssh_private_key` pointing at it; for `up` (`pin_token`),
+        fetching the token at the cluster's pinned version."""
         config = self.config_path
         if not config.is_file():
             raise OpsError(
                 f"no cluster config for {self.cluster.name}: {config} does not exist",
                 "generate it with `python -m ops update-configs`",
             )
-        key = self.cluster.ssh_key
-        if not ssh or key is None:
+        key = None if not ssh else self.cluster.ssh_key
+        version = self.token_version_reader() if pin_token and self.token_version_reader else None
+        if key is None and version is None:
             return config
-        key_path = key.path()
-        if not key_path.is_file():
-            raise OpsError(
-                f"no SSH key for cluster {self.cluster.name}: {key_path} does not exist",
-                "put there the private key whose public half is in the project's ssh-keys metadata for "
-                "user `ray` (infra/clusters.yaml, field ssh_key)",
-            )
         data = yaml.safe_load(config.read_text())
-        data.setdefault("auth", {})["ssh_private_key"] = str(key_path)
+        made = []
+        if key is not None:
+            key_path = key.path()
+            if not key_path.is_file():
+                raise OpsError(
+                    f"no SSH key for cluster {self.cluster.name}: {key_path} does not exist",
+                    "put there the private key whose public half is in the project's ssh-keys metadata for "
+                    "user `ray` (infra/clusters.yaml, field ssh_key)",
+                )
+            data.setdefault("auth", {})["ssh_private_key"] = str(key_path)
+            made.append("this machine's SSH key")
+        if version is not None:
+            data = pin_token_version(data, self.cluster, version)
+            made.append(f"token version {version}")
         out = self.state_dir / "configs" / config.name
         out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        text = f"# {_relative(config)} with this machine's SSH key (ops/drivers/gcp.py)\n" + yaml.safe_dump(
+        text = f"# {_relative(config)} with {' and '.join(made)} (ops/drivers/gcp.py)\n" + yaml.safe_dump(
             data, sort_keys=False
         )
         if not out.is_file() or out.read_text() != text:
@@ -415,10 +432,12 @@ class GcpDriver:
             os.replace(tmp, out)
         return out
 
-    def _run(self, args: list[str], timeout: float, *, ssh: bool) -> tuple[RunResult, str]:
+    def _run(
+        self, args: list[str], timeout: float, *, ssh: bool, pin_token: bool = False
+    ) -> tuple[RunResult, str]:
         """Run `ray <args> <config>` through the runner: its result and the command as shown to people.
         OpsError only when it cannot run at all."""
-        config = self._config(ssh)
+        config = self._config(ssh, pin_token)
         argv = [self.ray_bin, *args, str(config)]
         shown = " ".join(["ray", *args, _relative(config)])
         log.info("%s: running %s", self.cluster.name, shown)
@@ -430,9 +449,9 @@ class GcpDriver:
                 f"is the Ray CLI installed? (looked for {self.ray_bin})",
             ) from None
 
-    def _ray(self, args: list[str], timeout: float, *, ssh: bool) -> RunResult:
+    def _ray(self, args: list[str], timeout: float, *, ssh: bool, pin_token: bool = False) -> RunResult:
         """`_run`, with a timeout or a non-zero exit as an OpsError naming the command and the cluster."""
-        result, shown = self._run(args, timeout, ssh=ssh)
+        result, shown = self._run(args, timeout, ssh=ssh, pin_token=pin_token)
         if result.timed_out:
             raise OpsError(
                 f"`{shown}` for cluster {self.cluster.name} timed out after {timeout:g} s and was "
@@ -462,6 +481,24 @@ class GcpDriver:
         if token:
             values.append(token)
         return sorted(set(values), key=len, reverse=True)
+
+
+def pin_token_version(config: dict, cluster: Cluster, version: str) -> dict:
+    """The config with its one fetch of the token secret at `latest` (infra/cluster-template.yaml's
+    setup_commands) made a fetch of `version`; OpsError when the config has not exactly one."""
+    if not version.isdigit():
+        raise OpsError(f"{cluster.name}'s token version {version!r} is not a version number")
+    latest = f"versions access latest --secret={cluster.token_secret} "
+    commands = list(config.get("setup_commands") or [])
+    hits = [i for i, c in enumerate(commands) if isinstance(c, str) and latest in c]
+    if len(hits) != 1:
+        raise OpsError(
+            f"{cluster.name}'s config has {len(hits)} fetches of secret {cluster.token_secret} at latest "
+            "in its setup_commands, not one: cannot pin the token's version",
+            "regenerate it from infra/cluster-template.yaml (`python -m ops update-configs`)",
+        )
+    commands[hits[0]] = commands[hits[0]].replace(latest, latest.replace("latest", version))
+    return {**config, "setup_commands": commands}
 
 
 def _address(text: str) -> str | None:
