@@ -169,15 +169,18 @@ def _types(ctx: Context, cluster: Cluster) -> list[str]:
 
 
 # -- the startup script -------------------------------------------------------------------------------
-def startup_script(registry: Registry, cluster: Cluster, template: Path = STARTUP_TEMPLATE) -> str:
-    """The cluster's worker startup script (infra/worker-startup.sh filled in). It holds the Ray token:
-    it goes into the node's metadata and nowhere else (never into progress, the ledger or logs)."""
+def startup_script(
+    registry: Registry, cluster: Cluster, template: Path = STARTUP_TEMPLATE, token: str | None = None
+) -> str:
+    """The cluster's worker startup script (infra/worker-startup.sh filled in). It holds the Ray token
+    (`token`: the cluster's live one, `Context.token`; else this machine's copy): it goes into the
+    node's metadata and nowhere else (never into progress, the ledger or logs)."""
     values = {
         "CLUSTER": cluster.name,
         "RAY_CLUSTER_NAME": cluster.ray_cluster_name,
         "PROJECT": cluster.project,
         "IMAGE": f"{registry.image(cluster)}:{cluster.image_tag}",
-        "RAY_TOKEN": cluster.read_token() or "",
+        "RAY_TOKEN": (token if token is not None else cluster.read_token()) or "",
     }
     text = template.read_text()
     for name, value in values.items():
@@ -318,7 +321,7 @@ def _add(
         f"asking {cluster.zone} for {count} x {tpu_type} ({capacity.value}) for {cluster.name}: "
         + ", ".join(r.qr_id for r in records)
     )
-    script = startup_script(ctx.registry, cluster)
+    script = startup_script(ctx.registry, cluster, token=ctx.token(cluster))
     with ThreadPoolExecutor(max_workers=count, thread_name_prefix="add-worker") as pool:
         outcomes = list(pool.map(lambda r: _provision(ctx, r, script, progress, settings), records))
     return AddWorkerResult(
@@ -671,7 +674,7 @@ def readd_workers(
     if not records:
         return []
     api = ctx.tpu(cluster)
-    script = startup_script(ctx.registry, cluster)
+    script = startup_script(ctx.registry, cluster, token=ctx.token(cluster))
 
     def one(record: WorkerRecord) -> str:
         node = api.get_node(f"{api.parent(record.zone)}/nodes/{record.qr_id}")
