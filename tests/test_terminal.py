@@ -616,3 +616,18 @@ def test_a_bot_killed_mid_restart_finishes_it_once_on_its_next_start(
     assert len(copies) == 1
     api.stop(copies[0].submission_id)
     wait_for(lambda: not active_jobs(api), 30, "bob's job stopped")
+
+
+def test_health_and_an_alert_as_it_fires_in_the_terminal(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    config = FAST + "alerts: {clusters: [local, us-central2], fire_after: 1}\n"
+    script = "/health local\n/check\nsilence 4h us-central2\n/health nowhere\n"
+    r = chat(ops_env, tmp_path, script, config=config)
+    assert r.code == 0, r
+    assert "local: HEALTHY" in r.out, r.out
+    assert "checked: local healthy, us-central2 " in r.out
+    # us-central2's head cannot be reached from here: its alert prints in #infra as it fires.
+    assert "us-central2 is " in r.out and "[buttons: restart, silence 1h, silence 4h, silence 24h]" in r.out
+    assert "[to alice] us-central2's alerts are silenced until" in r.out
+    assert "refused: unknown cluster 'nowhere'" in r.out
