@@ -93,9 +93,19 @@ class Context:
         )
 
     def _pinned_version(self, cluster: Cluster) -> str:
+        from ops.errors import OpsError
         from ops.tokens import ensure_pin
 
-        return ensure_pin(self, cluster).version
+        try:
+            return ensure_pin(self, cluster).version
+        except OpsError:
+            raise
+        except Exception as e:  # no credentials, a client that cannot start
+            raise OpsError(
+                f"cannot read which version of secret {cluster.token_secret} {cluster.name} runs with: "
+                f"{type(e).__name__}",
+                "this machine needs Secret Manager access (gcloud auth application-default login)",
+            ) from None
 
     def token(self, cluster: Cluster, version: str | None = None) -> str | None:
         """The cluster's Ray token from Secret Manager at its pinned version (or `version`), cached per
