@@ -1,10 +1,11 @@
 """Health benchmark (issue 9): a sweep of 7 clusters x 1,024 TPU VMs against one cluster's, and the
 detection delay of a stuck cluster on an injected clock.
 
-Cloud side: the TPU simulator's state and services (ops.sim) in-process, on a gRPC server of our own
-whose interceptor adds `--latency-ms` (default 50) to every call and pages List* answers at
-`--page-size` when the client asks for no size (Google documents no default for ListNodes,
-GCP_API_FACTS.md 1.2: 100 here is our assumption; the real google-cloud-tpu clients page through).
+Cloud side: the TPU simulator's state and services (ops.sim) in a process of their own, on a gRPC
+server with enough threads for every concurrent call, `--latency-ms` (default 50) per call
+(`Latency.call_s`) and List* answers in pages of `--page-size` when the client asks for no size (Google
+documents no default for ListNodes, GCP_API_FACTS.md 1.2: 100 here is our assumption; the real
+google-cloud-tpu clients page through).
 Each cluster has its own zone with 1,024 v4-8 VMs labelled as Ray's autoscaler labels them, a few
 PREEMPTED.
 
@@ -47,30 +48,7 @@ HOLD = 3  # checks in a row before a verdict fires (issue 9)
 TARGET = 1.5
 
 
-# -- the cloud: the simulator's services behind latency and pages ------------------------------------------
-class _Slow(grpc.ServerInterceptor):
-    def __init__(self, latency_s: float, page_size: int) -> None:
-        self.latency_s, self.page_size = latency_s, page_size
-
-    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(details)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        inner, listing = handler.unary_unary, details.method.rsplit("/", 1)[-1].startswith("List")
-
-        def slow(request: Any, context: grpc.ServicerContext) -> Any:
-            time.sleep(self.latency_s)
-            if listing and not request.page_size:
-                request.page_size = self.page_size
-            return inner(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(
-            slow,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-
+# -- the cloud: the simulator's services, with latency per call and pages ----------------------------------
 def start_cloud(zones: list[str], latency_s: float, page_size: int) -> tuple[grpc.Server, str, Any]:
     from concurrent import futures
 
@@ -79,10 +57,12 @@ def start_cloud(zones: list[str], latency_s: float, page_size: int) -> tuple[grp
     from ops.sim.state import Latency, TpuState
     from ops.sim.tpu import check_for_operations, tpu_handler
 
-    state = TpuState(zones={z: ("v4-8",) for z in zones}, latency=Latency(queue_s=0, provision_s=0))
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=32), interceptors=[_Slow(latency_s, page_size)]
+    state = TpuState(
+        zones={z: ("v4-8",) for z in zones},
+        latency=Latency(queue_s=0, provision_s=0, call_s=latency_s),
+        page_size=page_size,
     )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
     server.add_generic_rpc_handlers(
         (
             tpu_handler(state, versions.V2),
@@ -123,7 +103,7 @@ def populate(state: Any, project: str, zone: str, ray_cluster: str, vms: int, pr
         )
         state.create_node(parent, f"{ray_cluster}-w-{i:04d}", node, versions.V2)
     deadline = time.monotonic() + 30
-    while sum(1 for n in state.list_nodes(parent) if n.state == tpu.Node.State.READY) < vms:
+    while sum(1 for n in state.list_nodes(parent)[0] if n.state == tpu.Node.State.READY) < vms:
         if time.monotonic() > deadline:
             raise SystemExit("the simulator did not make the VMs READY")
         time.sleep(0.05)

@@ -15,16 +15,18 @@ the RPC's own reply). Simulator choices where GCP_API_FACTS.md leaves a question
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
 import random
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.cloud import tpu_v2alpha1 as tpu
@@ -49,6 +51,8 @@ from ops.tpu_types import parse_tpu_type
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Picks one page among a listing's sorted resource names: (the page's names, the next page token).
+Pager = Callable[[list[str]], tuple[list[str], str]]
 
 NodeState = tpu.Node.State
 QrState = tpu.QueuedResourceState.State
@@ -79,6 +83,7 @@ class Latency(BaseModel):
     delete_s: float = 0.0  # DELETING -> gone
     build_queue_s: float = 1.0  # Cloud Build: QUEUED -> WORKING
     build_s: float = 3.0  # Cloud Build: WORKING -> SUCCESS / FAILURE
+    call_s: float = 0.0  # every TPU RPC (and GetOperation) answers after this long: network + front end
 
 
 @dataclass(frozen=True)
@@ -141,18 +146,22 @@ class TpuState:
         latency: Latency | None = None,
         hooks: list[Hooks] | None = None,
         path: Path | None = None,
+        page_size: int = 0,
     ) -> None:
-        """`path`: a JSON file the state is saved to after each change and loaded from at start."""
+        """`path`: a JSON file the state is saved to after each change and loaded from at start.
+        `page_size`: what ListNodes / ListQueuedResources answer when the request sets none (0: all in
+        one page; Google documents no default, GCP_API_FACTS.md 1.2)."""
         self.zones = dict(DEFAULT_ZONES if zones is None else zones)
         self.latency = latency or Latency()
+        self.page_size = page_size
         self.hooks = list(hooks or [])
         self.faults = Faults()
         self.ops = Operations()
         self.clock = Clock()
         self._path = path
         self._lock = threading.RLock()
-        self._nodes: dict[str, tpu.Node] = {}
-        self._qrs: dict[str, tpu.QueuedResource] = {}
+        self._nodes: _ByName = _ByName()  # name -> tpu.Node
+        self._qrs: _ByName = _ByName()  # name -> tpu.QueuedResource
         self._plans: dict[str, _Plan] = {}
         self._announced: set[str] = set()
         self._requests: dict[str, str] = {}  # CreateQueuedResource request_id -> operation name
@@ -170,7 +179,10 @@ class TpuState:
         self.faults.add(fault)
 
     def check(self, method: str) -> None:
-        """Every RPC starts here: an armed `unavailable` fault answers UNAVAILABLE (HTTP 503)."""
+        """Every RPC starts here: after `latency.call_s` (never under the lock, so calls overlap as they
+        do on Google's side), an armed `unavailable` fault answers UNAVAILABLE (HTTP 503)."""
+        if self.latency.call_s > 0:
+            time.sleep(self.latency.call_s)
         if self.faults.take(FaultKind.UNAVAILABLE, method=method):
             raise SimError(grpc.StatusCode.UNAVAILABLE, UNAVAILABLE_MESSAGE)
 
@@ -199,15 +211,13 @@ class TpuState:
                 raise SimError(grpc.StatusCode.NOT_FOUND, f"Resource '{name}' was not found")
             return _copy(node)
 
-    def list_nodes(self, parent: str) -> list[tpu.Node]:
-        _, zone = split_parent(parent)
+    def list_nodes(self, parent: str, pager: Pager | None = None) -> tuple[list[tpu.Node], str]:
+        """The nodes under `parent` (`locations/-`: every zone) by name, and the next page token: `pager`
+        picks the page among the names before anything is copied (a page costs its own size, not the
+        zone's). Without one: every node, and no token."""
         with self._lock:
-            prefix = f"{parent}/nodes/" if zone != "-" else None
-            return [
-                _copy(n)
-                for name, n in sorted(self._nodes.items())
-                if prefix is None or name.startswith(prefix)
-            ]
+            names, token = _pick(self._nodes, parent, "nodes", pager)
+            return [_copy(self._nodes[n]) for n in names], token
 
     def create_node(self, parent: str, node_id: str, node: tpu.Node, api: str) -> str:
         """CreateNode: validated now; the LRO ends when the node is READY (or on a capacity error)."""
@@ -246,13 +256,11 @@ class TpuState:
                 raise SimError(grpc.StatusCode.NOT_FOUND, f"Resource '{name}' was not found")
             return _copy(qr)
 
-    def list_qrs(self, parent: str) -> list[tpu.QueuedResource]:
-        _, zone = split_parent(parent)
+    def list_qrs(self, parent: str, pager: Pager | None = None) -> tuple[list[tpu.QueuedResource], str]:
+        """As `list_nodes`, for queued resources."""
         with self._lock:
-            prefix = f"{parent}/queuedResources/" if zone != "-" else None
-            return [
-                _copy(q) for name, q in sorted(self._qrs.items()) if prefix is None or name.startswith(prefix)
-            ]
+            names, token = _pick(self._qrs, parent, "queuedResources", pager)
+            return [_copy(self._qrs[n]) for n in names], token
 
     def create_qr(self, parent: str, qr_id: str, qr: tpu.QueuedResource, request_id: str, api: str) -> str:
         """CreateQueuedResource: validated now; the LRO ends at admission (WAITING_FOR_RESOURCES), as
@@ -602,10 +610,10 @@ class TpuState:
         polling one from before the restart gets NOT_FOUND)."""
         data = json.loads(path.read_text())
         with self._lock:
-            self._nodes = {n: tpu.Node.from_json(json.dumps(v)) for n, v in data["nodes"].items()}
-            self._qrs = {
-                n: tpu.QueuedResource.from_json(json.dumps(v)) for n, v in data["queued_resources"].items()
-            }
+            self._nodes = _ByName({n: tpu.Node.from_json(json.dumps(v)) for n, v in data["nodes"].items()})
+            self._qrs = _ByName(
+                {n: tpu.QueuedResource.from_json(json.dumps(v)) for n, v in data["queued_resources"].items()}
+            )
             self._plans = {n: _Plan(**p) for n, p in data["plans"].items()}
             self._pending_nodes.update(
                 {
@@ -629,6 +637,63 @@ class TpuState:
             for name, node in self._nodes.items():
                 if node.state == NodeState.CREATING and not node.queued_resource:
                     self._later(self.latency.provision_s, lambda n=name: self._node_created(n))
+
+
+class _ByName(dict):
+    """Resources by full name, with their names kept sorted for listings (a zone's page is found by
+    bisection instead of scanning every zone's names on every page)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sorted: list[str] | None = None
+
+    def sorted_names(self) -> list[str]:
+        if self._sorted is None:
+            self._sorted = sorted(self)
+        return self._sorted
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self:
+            self._sorted = None
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._sorted = None
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self._sorted = None
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, Any]:
+        self._sorted = None
+        return super().popitem()
+
+    def clear(self) -> None:
+        self._sorted = None
+        super().clear()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self._sorted = None
+        super().update(*args, **kwargs)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        self._sorted = None
+        return super().setdefault(key, default)
+
+
+def _pick(items: _ByName, parent: str, kind: str, pager: Pager | None) -> tuple[list[str], str]:
+    """The sorted names of `kind` (nodes, queuedResources) under `parent` (zone `-`: every zone of the
+    project), paged by `pager`."""
+    _, zone = split_parent(parent)
+    every = items.sorted_names()
+    if zone == "-":
+        in_project, middle = parent.removesuffix("-"), f"/{kind}/"
+        names = [n for n in every if n.startswith(in_project) and middle in n]
+    else:
+        prefix = f"{parent}/{kind}/"
+        names = every[bisect.bisect_left(every, prefix) : bisect.bisect_left(every, prefix + "\U0010ffff")]
+    return pager(names) if pager is not None else (names, "")
 
 
 def _copy(msg: T) -> T:
