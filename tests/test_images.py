@@ -125,6 +125,7 @@ def tags(ctx: Context, region: str) -> dict[str, str]:
 def test_bob_builds_once_for_every_region_and_the_tag_is_pinned(
     ctx: Context, sim: SimServer, settings: Settings
 ) -> None:
+    sim.state.latency = Latency(build_queue_s=0.02, build_s=1.0)  # long enough for a poll to see it work
     sim.fault("unavailable", method="CreateBuild")  # a 503 starting the build: retried
     sim.fault("unavailable", method="GetBuild", times=2)  # and while following it
     lines: list[str] = []
