@@ -349,6 +349,12 @@ async def test_alice_builds_the_image_from_chat_with_progress_and_a_report(
     assert report.text.startswith(f"build-image is done (`{op.op_id}`), asked by alice")
     assert "takes it at its next restart: us-central2 (/restart us-central2), big-run" in report.text
     assert pins(ctx).regions["hai-gcp-models/us-east5"].op == op.op_id
+    # A Restart button per cluster behind: a click requests that restart (this engine offers none).
+    buttons = [(b.action, b.arg) for b in report.buttons]
+    assert buttons[:2] == [("restart", "us-central2"), ("restart", "big-run")]
+    assert report.op_id == f"next:{op.op_id}"
+    r = await engine.act(ALICE, report.op_id, "restart", "us-central2")
+    assert not r.ok and r.text == "no operation 'restart'"
 
 
 async def test_a_failed_build_from_chat_reports_the_log_tail(

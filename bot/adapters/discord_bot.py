@@ -6,9 +6,9 @@
 - Buttons: every button of an operation is an `ActionButton`, a `DynamicItem` whose custom_id
   `cb:<action>:<arg>:<op_id>` carries all its state. It is registered in `setup_hook`, so a click on
   any old message (even one posted before a bot restart) reaches `engine.act`.
-- Commands: one Cog per family (`bot/adapters/cogs/`: operations, readonly, owners, workers, health),
-  synced to the configured guild in `setup_hook` (which runs before the gateway connects: the guild
-  comes from configuration).
+- Commands: one Cog per family (`bot/adapters/cogs/`: operations, readonly, owners, workers, images,
+  health), synced to the configured guild in `setup_hook` (which runs before the gateway connects: the
+  guild comes from configuration).
 - Alerts: the monitor (`bot/alerts/`) starts after the engine; its buttons are `ActionButton`s too,
   on "alert:<cluster>:<problem>" targets that the engine hands to it.
 - Errors: everything ends in `report_error` (the command tree's `on_error`, and the buttons'):
@@ -35,6 +35,7 @@ from discord.ext import commands
 
 from bot.adapters.cogs import CONTENT_LIMIT, NO_PINGS, answer_privately, fit, send, user_of
 from bot.adapters.cogs.health import Health
+from bot.adapters.cogs.images import Images
 from bot.adapters.cogs.operations import Operations
 from bot.adapters.cogs.owners import Owners
 from bot.adapters.cogs.readonly import ReadOnly
@@ -168,6 +169,7 @@ class ClusterBot(commands.Bot):
         await self.add_cog(ReadOnly(self.engine), guild=guild)
         await self.add_cog(Owners(self.engine), guild=guild)
         await self.add_cog(Workers(self.engine), guild=guild)
+        await self.add_cog(Images(self.engine), guild=guild)
         await self.add_cog(Health(self.monitor), guild=guild)
         self.add_dynamic_items(ActionButton)  # before the gateway: old buttons work from the start
         await self._check_channel()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from bot.protocol.engine import Engine
-from bot.protocol.model import Look, Operation, Outcome, Params, Progress, Spec, Texts, User
+from bot.protocol.model import Button, Look, Operation, Outcome, Params, Progress, Spec, Texts, User
 from ops.images import Settings, build_image, targets
 from ops.locks import Lease
 from ops.registry import Cluster
@@ -47,7 +47,8 @@ def spec(settings: Settings | None = None) -> Spec:
         params = BuildParams.model_validate(op.params)
         result = build_image(engine.ctx, by=op.requester.name, regions=params.region_list(), op=op.op_id,
                              progress=progress, settings=settings)  # fmt: skip
-        return Outcome(result.summary(), [])
+        restart = [Button("restart", f"Restart {c}", "danger", arg=c) for c in result.to_restart]
+        return Outcome(result.summary(), [], buttons=restart)  # each restart asks its owners as always
 
     return Spec(
         kind="build-image",

@@ -68,6 +68,8 @@ class Links(BaseModel):
     owners: dict[str, str] = Field(default_factory=dict)  # Ray user -> chat id
 
 
+NEXT = "next"  # the target of a report's buttons: "next:<op id>" (Outcome.buttons)
+
 FOREIGN_KEY = "bot/foreign.json"
 FOREIGN_EVERY_S = 10.0  # how often the locks are read for operations someone else (the CLI) runs
 
@@ -159,7 +161,7 @@ class Engine:
         self._last_watch: datetime | None = None
         self._foreign: Foreign | None = None  # loaded on the first watch
         # Buttons whose target is "<prefix>:..." and no operation go to the handler of that prefix.
-        self.targets: dict[str, Target] = {}
+        self.targets: dict[str, Target] = {NEXT: self._next_operation}
         # Set on start when the liveness record was stale: since when the bot was down, for how long.
         self.down_since: datetime | None = None
         self.downtime_s = 0.0
@@ -494,6 +496,13 @@ class Engine:
             await self._show(self.ops[op_id])
             return Reply(text)
 
+    async def _next_operation(self, user: User, target: str, action: str, arg: str = "") -> Reply:
+        """A button on a report (`Outcome.buttons`): the operation it names, on its cluster, requested by
+        the clicker with their own rights and the whole protocol."""
+        if action not in self.specs:
+            return Reply(f"no operation {action!r}", ok=False)
+        return await self.request(user, action, arg or None, {})
+
     async def cancel(self, user: User, op_id: str | None = None) -> Reply:
         """/cancel: the given operation, or the caller's newest open one."""
         if op_id is None:
@@ -731,9 +740,9 @@ class Engine:
         lines = [f"{texts.title(op)} is done (`{op.op_id}`), asked by {op.requester.name}", outcome.text]
         if owners:
             lines.append(texts.owners(" ".join(self.chat.mention(c) for c in owners)))
-        await self._finish(
-            op.op_id, State.DONE, Message("\n".join(lines), mentions=owners), result=outcome.text
-        )
+        report = Message("\n".join(lines), outcome.buttons, mentions=owners,
+                         op_id=f"{NEXT}:{op.op_id}" if outcome.buttons else None)  # fmt: skip
+        await self._finish(op.op_id, State.DONE, report, result=outcome.text)
 
     async def _take_back(self, op: Operation, lease_s: float) -> Lease | None:
         """The lock of an operation that was executing when the bot went down, taken back (the same

@@ -174,6 +174,9 @@ class Look:
 class Outcome:
     text: str
     owners: list[str]  # Ray job owners to notify
+    # Buttons on the report that start another operation: `Button(kind, label, arg=cluster)`, e.g. a
+    # build's "Restart us-east5" (the engine runs `request(clicker, kind, cluster)`, its whole protocol).
+    buttons: list[Button] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
