@@ -197,7 +197,7 @@ def state(bot: ClusterBot, op_id: str) -> State:
 async def test_commands_are_synced_to_the_configured_guild(bot: ClusterBot, world: World) -> None:
     stored = {c["name"]: c for c in world.fake.guild_commands[world.fake.guild.id]}
     assert set(stored) == {"restart", "cancel", "unlock", "status", "jobs", "link", "unlink", "add-worker",
-                           "workers", "clean-preempted", "health"}  # fmt: skip
+                           "workers", "clean-preempted", "health", "build-image", "rotate-token"}  # fmt: skip
     assert world.fake.global_commands == []
     assert {c.name for c in bot.synced} == set(stored)
     opts = {o["name"]: o for o in stored["restart"]["options"]}
