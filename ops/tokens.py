@@ -8,7 +8,7 @@ then could not join their old heads. A cluster now runs with the version recorde
 one cluster's pin and disables a version only when no cluster pins it any more.
 
 A cluster without a pin gets one the first time it is needed: the local cluster's secret is seeded
-(from this machine's existing token file when there is one, so a running local head keeps working),
+(from the token its running head uses, else this machine's token file, so a running head keeps working),
 a GCP cluster's pin adopts the version `latest` names now (what its nodes fetched until pins existed).
 
 The rotation is a restart (ops/restart.py) whose record carries a `TokenRotation`: the backup reads
@@ -121,9 +121,19 @@ def ensure_pin(ctx: Context, cluster: Cluster) -> TokenPin:
             "create it once as the runbook says (`ray get-auth-token --generate`, then add it as a version)",
         )
     api.create(secret, labels={"clusterbot": "ray-token"})
-    existing = cluster.read_token()  # this machine's copy of a local head started before pins
+    existing = _running_token(ctx, cluster) or cluster.read_token()  # a head started before pins
     info = api.add_version(secret, SecretStr(existing or secrets.token_hex(TOKEN_BYTES)))
     return write_pin(ctx.store, cluster, info.version, "seeded")
+
+
+def _running_token(ctx: Context, cluster: Cluster) -> str | None:
+    """The token the local head runs with now (its driver's token file), if it has one: seeding from it
+    keeps a running head reachable, whatever this machine's copy says."""
+    path = getattr(ctx.driver(cluster), "head_token_file", None)
+    try:
+        return path.read_text().strip() or None if path is not None else None
+    except OSError:
+        return None
 
 
 def sharing(ctx: Context, cluster: Cluster) -> list[Cluster]:
