@@ -46,7 +46,7 @@ from ops.jobs import Job
 from ops.locks import current_lock
 from ops.registry import load_registry
 from ops.restart import Settings
-from ops.store import LocalStore
+from ops.store import LocalStore, read_model
 
 ALICE = User(id="alice", name="alice")
 BOB = User(id="bob", name="bob")
@@ -158,6 +158,22 @@ async def test_all_ok_then_confirm_runs_once(fx: Fixture) -> None:
         report = fx.chat.new_posts()[-1]
         assert "bob" in report.mentions and "all went well" in report.text
         assert current_lock(fx.store, "local") is None
+
+
+async def test_a_click_answered_before_its_edit_is_recorded_first_and_shown_after(fx: Fixture) -> None:
+    """Discord's clicks: the answer does not wait for the announcement's edit; the click is already in
+    the store when it is answered, and the edit follows."""
+    async with running(fx) as engine:
+        await engine.request(ALICE, "restart", "local")
+        op_id = next(iter(engine.ops))
+        edits = len(fx.chat.log)
+        assert (await engine.act(BOB, op_id, "ok", show_later=True)).text == "OK counted"
+        assert len(fx.chat.log) == edits  # answered before the edit
+        saved = read_model(fx.store, f"bot/ops/{op_id}.json", Operation)
+        assert saved is not None and saved[0].affected["bob"].vote == Vote.OK
+        assert any(e["event"] == "ok" for e in journal.read(fx.store, f"bot/journal/{op_id}"))
+        await until(lambda: len(fx.chat.log) > edits)
+        assert "@bob: 2 jobs, OK" in fx.chat.text(engine.ops[op_id].message_id)
 
 
 async def test_lazy_consent_when_the_window_passes_without_objection(driven: Fixture) -> None:

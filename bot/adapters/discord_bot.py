@@ -99,7 +99,8 @@ class ActionButton(discord.ui.DynamicItem[discord.ui.Button], template=CUSTOM_ID
         try:
             # The engine edits the announcement itself (Chat.edit); the clicker gets its reply alone.
             user = user_of(interaction.user)
-            await answer_privately(interaction, bot.engine.act(user, self.op_id, self.action, self.arg))
+            act = bot.engine.act(user, self.op_id, self.action, self.arg, show_later=True)
+            await answer_privately(interaction, act)
         except Exception as e:  # discord.py would only log it: the user must hear something
             await bot.report_error(interaction, e)
 

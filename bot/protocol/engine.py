@@ -302,6 +302,11 @@ class Engine:
     def _message(self, op: Operation, mentions: list[str] | None = None) -> Message:
         return Message(self.render(op), self.buttons(op), mentions or [], op_id=op.op_id)
 
+    async def _show_now(self, op_id: str) -> None:
+        """Show the operation as it is when its turn comes (after the clicks queued before it)."""
+        async with self._lock(op_id):
+            await self._show(self.ops[op_id])
+
     async def _show(self, op: Operation) -> None:
         """Edit the operation's message if what it shows changed."""
         if op.message_id is None:
@@ -464,8 +469,15 @@ class Engine:
         held = await asyncio.to_thread(current_lock, self.store, cluster)
         return None if held is None else Reply(f"{cluster} is busy: {held.describe()}", ok=False)
 
-    async def act(self, user: User, op_id: str, action: str, arg: str = "") -> Reply:
-        """A button click (or its terminal word) on an operation, or on another target (an alert)."""
+    async def act(
+        self, user: User, op_id: str, action: str, arg: str = "", show_later: bool = False
+    ) -> Reply:
+        """A button click (or its terminal word) on an operation, or on another target (an alert).
+
+        The click is recorded (state and journal) before the answer; with `show_later` the message's
+        edit follows the answer instead of preceding it (Discord: the clicker reads their answer without
+        waiting for the announcement's edit and its rate limit; everyone else sees the edit a moment
+        later)."""
         if op_id not in self.ops:
             handler = self.targets.get(op_id.split(":", 1)[0]) if ":" in op_id else None
             if handler is not None:
@@ -490,11 +502,13 @@ class Engine:
                 ping = None if user.id == op.requester.id else f"was cancelled by {user.name}"
                 await self._end(new, State.CANCELLED, "cancelled", ping, by=user.name, during=op.state.value)
                 return Reply(text)
-            await self._save(new)
-            await self._journal(new, action, by=user.name, arg=arg)
+            await asyncio.gather(self._save(new), self._journal(new, action, by=user.name, arg=arg))
             await self._advance(new)
-            await self._show(self.ops[op_id])
-            return Reply(text)
+            if not show_later:
+                await self._show(self.ops[op_id])
+                return Reply(text)
+        self._spawn(self._show_now(op_id))
+        return Reply(text)
 
     async def _next_operation(self, user: User, target: str, action: str, arg: str = "") -> Reply:
         """A button on a report (`Outcome.buttons`): the operation it names, on its cluster, requested by
