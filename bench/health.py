@@ -14,7 +14,9 @@ answers recorded on the local cluster (bench/health_recorded.json), scaled to 1,
 the same latency per request (1,024 raylets do not fit on 2 cores).
 
 Figures: the median of `--rounds` sweeps of one cluster (`ops.health.check`) and of all 7
-(`ops.health.check_all`), their ratio (target <= 1.5); then a cluster that turns stuck (head only,
+(`ops.health.check_all`), their ratio (target <= 1.5), and the CPU each sweep cost the sweep's process
+and the simulator's (on 2 shared cores, what the 7 clusters' sweep takes beyond the latency floor is
+that CPU: compare it when the ratio moves); then a cluster that turns stuck (head only,
 launches failing) between two checks of the bot's schedule (every 5 min, a verdict fires after it held
 for 3 checks) on an injected clock: when the alert would fire, against threshold + one interval.
 """

@@ -6,7 +6,7 @@ process, and `SimControl`, its client. In-process, call the `SimServer`'s states
   POST /faults   {Fault fields}    arm a fault, e.g. {"kind": "stock_out", "zone": "local-sim-a"}
   POST /faults/clear               disarm all
   POST /preempt  {"name": ...}     preempt a node now (full name or node id)
-  POST /latency  {Latency fields}  change the step delays
+  POST /latency  {Latency fields}  change the step delays (and `call_s`, the time every TPU RPC takes)
   POST /secrets  {"project": P, "values": {id: value}}   seed secrets (a new version unless unchanged)
   POST /cleanup                    run Artifact Registry's cleanup policies now; what they deleted
 """
