@@ -389,7 +389,7 @@ class TpuApi:
         # The raw protobuf of each page: proto-plus wraps every field read, which for a zone of 1,024
         # VMs was most of a health sweep's CPU (bench/health.py).
         found = (n for page in pager.pages for n in tpu_v2.ListNodesResponse.pb(page).nodes)
-        return [_node_info(n) for n in found if _matches(n.labels, labels)]
+        return [_node_info(n) for n in found if not labels or _matches(n.labels, labels)]
 
     def get_node(self, name: str) -> NodeInfo | None:
         try:
@@ -489,11 +489,11 @@ def _node_info(node: Any) -> NodeInfo:
     """A NodeInfo from a v2 Node's protobuf (tpu_v2.Node.pb), read without proto-plus."""
     name = node.name
     endpoints = node.network_endpoints
-    return NodeInfo.model_construct(  # the fields are the API's own, already typed
+    return NodeInfo(
         name=name,
         node_id=name.rsplit("/", 1)[-1],
         zone=name.split("/locations/")[1].split("/")[0],
-        state=_NODE_STATES[node.state],
+        state=_NODE_STATES.get(node.state, f"STATE_{node.state}"),  # one newer than this library
         accelerator_type=node.accelerator_type,
         labels=dict(node.labels),
         queued_resource=node.queued_resource,
