@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from pydantic import BaseModel
 
 from ops.cli_health import add_commands as add_health_commands
+from ops.cli_images import add_commands as add_image_commands
 from ops.cli_tokens import add_commands as add_token_commands
 from ops.cli_workers import add_commands as add_worker_commands
 from ops.context import Context
@@ -319,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_worker_commands(add)  # add-worker, workers, clean-preempted (ops/cli_workers.py)
     add_health_commands(add)  # health (ops/cli_health.py)
     add_token_commands(add)  # token, rotate-token (ops/cli_tokens.py)
+    add_image_commands(add)  # build-image, set-registry-cleanup (ops/cli_images.py)
     p = add("prune", cmd_prune, "delete backups and journals of operations finished long ago")
     p.add_argument("--retention-days", type=float, help="default: CLUSTERBOT_RETENTION_DAYS, else 30")
     p.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")

@@ -82,7 +82,14 @@ class Context:
                     driver.token_reader = lambda: self.token(cluster)
                 if hasattr(driver, "token_version_reader") and cluster.token_secret is not None:
                     driver.token_version_reader = lambda: self._pinned_version(cluster)
+                if hasattr(driver, "config_renderer"):  # a start runs the image pinned in the store
+                    driver.config_renderer = lambda: self._start_config(cluster)
             return driver
+
+    def _start_config(self, cluster: Cluster) -> str | None:
+        from ops.images import render_for_start
+
+        return render_for_start(self, cluster)
 
     def ray(self, cluster: Cluster, token_version: str | None = None) -> RayApi:
         """The cluster's Ray API where its driver reaches the dashboard now (a tunnel may open: call

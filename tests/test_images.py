@@ -29,6 +29,7 @@ from ops.cli import Out
 from ops.cli_images import add_commands
 from ops.configs import INFRA_DIR, update_configs
 from ops.context import Context
+from ops.drivers.gcp import GcpDriver, RunResult
 from ops.errors import BadInput, OpsError, Refused
 from ops.gcp import common
 from ops.gcp.artifacts import CleanupRule
@@ -402,3 +403,32 @@ def test_the_build_image_command_takes_regions_and_no_cluster() -> None:
     command = Images.build_image
     assert command.name == "build-image" and [p.name for p in command.parameters] == ["regions"]
     assert command.parameters[0].required is False and "comma-separated" in command.parameters[0].description
+
+
+def test_ray_up_of_a_gcp_cluster_runs_the_pinned_image(
+    ctx: Context, sim: SimServer, registry: Registry, settings: Settings, tmp_path: Path
+) -> None:
+    """The driver's start (a restart's, `local up`'s) goes through `render_for_start`: `ray up` gets a
+    private copy of the config naming the pinned image, never the committed `:latest`."""
+    result = build_image(ctx, "bob", regions=["us-central2"], settings=settings, now=NOW)
+    pin = result.pins["hai-gcp-models/us-central2"]
+    central = ctx.cluster("us-central2").model_copy(update={"ssh_key": None})
+    sim.secrets.seed("hai-gcp-models", {"RAY_AUTH_TOKEN": "tok-v1"})  # the token's pinned version
+    given: dict[str, str] = {}
+
+    def runner(argv, *, timeout, cwd):  # noqa: ANN001, ANN202 - Ray's CLI: keep what `ray up` was given
+        given[argv[1]] = Path(argv[-1]).read_text()
+        return RunResult(0, "")
+
+    def driver(c: Cluster) -> GcpDriver:
+        return GcpDriver(c, runner=runner, config_dir=INFRA_DIR, state_dir=tmp_path / "gcp")
+
+    gcp = Context(ctx.store, registry, cloud_endpoint=lambda _: sim.address, driver_factory=driver)
+    try:
+        gcp.driver(central).start()
+    finally:
+        gcp.close()
+    up = yaml.safe_load(given["up"])
+    assert up["docker"]["image"] == pin.ref
+    assert "versions access 1 --secret=RAY_AUTH_TOKEN" in given["up"]  # and the pinned token, as before
+    assert started(ctx, "us-central2").tag == pin.tag

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
 from ops import journal
 from ops.context import Context
@@ -24,6 +23,7 @@ from ops.locks import current_lock
 from ops.ray_api import RayApi
 from ops.registry import DEFAULT_REGISTRY, Cluster, SshKeySource, load_registry
 from ops.restart import Settings, Step, find_record, plan_restart, resume_restart, start_restart
+from ops.sim.server import SimServer
 from ops.store import LocalStore, open_store
 from tests.localray import Env, cont, dashboard_process, wait_for
 from tests.test_restart import check_survived, stage_jobs
@@ -36,19 +36,25 @@ def _active(cluster: Cluster) -> set[str]:
 def test_a_refused_token_is_bad_input_and_stops_nothing(
     ops_env: Env, cluster: Cluster, tmp_path: Path
 ) -> None:
-    ids = stage_jobs(cluster, tmp_path)
-    wrong = tmp_path / "wrong_token"
-    wrong.write_text("wrong")
-    raw = yaml.safe_load(ops_env.registry.read_text())
-    raw["clusters"]["local"]["token"] = {"file": str(wrong)}
-    registry = tmp_path / "clusters.yaml"
-    registry.write_text(yaml.safe_dump(raw))
+    """The cluster pinned to a token version its head does not run with: the dashboard refuses it."""
+    from ops.tokens import ensure_pin, write_pin
 
-    r = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes",
-                    extra_env={"CLUSTERBOT_REGISTRY": str(registry)})  # fmt: skip
+    ids = stage_jobs(cluster, tmp_path)
+    ctx = Context()
+    try:
+        version = ensure_pin(ctx, cluster).version
+        wrong = ctx.secrets(cluster).add_version(cluster.token_secret, "not-the-heads-token").version
+        write_pin(ctx.store, cluster, wrong, "test")
+        try:
+            r = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes")
+        finally:
+            write_pin(ctx.store, cluster, version, "test")
+            ctx.secrets(cluster).disable(cluster.token_secret, wrong)
+    finally:
+        ctx.close()
 
     assert r.code == 2, r
-    assert "refused our token" in r.err and str(wrong) in r.err
+    assert "refused our token" in r.err and "Secret Manager" in r.err and "not-the-heads" not in r.err
     assert len(r.err.strip().splitlines()) <= 2, r.err  # one line (plus nothing else)
     assert _active(cluster) == set(ids.values())
     assert current_lock(open_store(), "local") is None
@@ -171,7 +177,12 @@ def gcp_cluster() -> Cluster:
     cluster = load_registry(DEFAULT_REGISTRY).get("us-central2")
     url = f"http://127.0.0.1:{_unused_port()}"
     return cluster.model_copy(
-        update={"dashboard_url": url, "token": None, "reach": "internal", "ssh_key": None}
+        update={
+            "dashboard_url": url,
+            "token": None,
+            "reach": "internal",
+            "ssh_key": None,
+        }
     )
 
 
@@ -203,12 +214,15 @@ def test_a_gcp_head_that_does_not_exist_has_nothing_to_back_up(gcp_cluster: Clus
     driver = GcpDriver(gcp_cluster, runner=ray)
     settings = Settings(reach_deadline_s=1, head_timeout_s=1)
 
-    ctx = Context(store, driver_factory=lambda _: driver)
-    plan = plan_restart(ctx, gcp_cluster, "alice", True, settings=settings)
-    assert "not running" in " ".join(plan.notes) and not plan.unbacked
-    run = start_restart(ctx, gcp_cluster, "alice", True, settings)
-    with pytest.raises(OpsError, match="did not accept a job submission"):
-        run.run()  # the fake `ray up` starts no dashboard: the wait for the new head fails
+    # Its Secret Manager is the simulator's: `ray up` gets the token's pinned version from there.
+    with SimServer(secrets={gcp_cluster.project: {gcp_cluster.token_secret: "tok-v1"}}) as sim:
+        ctx = Context(store, driver_factory=lambda _: driver, cloud_endpoint=lambda _: sim.address)
+        plan = plan_restart(ctx, gcp_cluster, "alice", True, settings=settings)
+        assert "not running" in " ".join(plan.notes) and not plan.unbacked
+        run = start_restart(ctx, gcp_cluster, "alice", True, settings)
+        with pytest.raises(OpsError, match="did not accept a job submission"):
+            run.run()  # the fake `ray up` starts no dashboard: the wait for the new head fails
+        ctx.close()
 
     assert ray.calls.index("down") < ray.calls.index("up")
     assert find_record(store, gcp_cluster.name, run.record.op_id).step == Step.CLUSTER_STOPPED

@@ -20,7 +20,7 @@ Adding one changes no line of the engine, the rules or an adapter beyond declari
 
 from __future__ import annotations
 
-from bot.operations import add_worker, clean_preempted, restart, rotate_token
+from bot.operations import add_worker, build_image, clean_preempted, restart, rotate_token
 from bot.protocol.model import Spec
 from ops.restart import Settings as RestartSettings
 from ops.workers import Settings as WorkerSettings
@@ -35,5 +35,6 @@ def registered(
         rotate_token.spec(restart_settings),
         add_worker.spec(worker_settings),
         clean_preempted.spec(worker_settings),
+        build_image.spec(),
     ]
     return {s.kind: s for s in specs}

@@ -32,7 +32,9 @@ None, which never lets a restart go on without a backup.
 The Ray token's version: the generated configs fetch the token secret at `latest` (what a person's own
 `ray up` gets); `start` runs `ray up` on a private copy that fetches the version the cluster is pinned to
 in the store (ops/tokens.py; `token_version_reader`, set by the Context), so a version added for another
-cluster, or a rotation not yet rolled out here, never reaches this cluster's nodes.
+cluster, or a rotation not yet rolled out here, never reaches this cluster's nodes. Likewise the image:
+that private copy is rendered with the image pinned in the store (`config_renderer`, set by the Context:
+ops/images.py `render_for_start`), so a push never changes what a started cluster's new workers pull.
 
 Head-first deletion: decided against here, and left to `ray down`'s own ordering.
 Marin's `stop-cluster` deletes the head VM through the Compute API before it deletes the TPUs and runs
@@ -181,6 +183,9 @@ class GcpDriver:
     # The version of the cluster's token secret its nodes must fetch (set by the Context); None: the
     # config's own (`latest`).
     token_version_reader: Callable[[], str] | None = None
+    # The config a start must use, rendered with the store's image pin (set by the Context); None: the
+    # generated file.
+    config_renderer: Callable[[], str | None] | None = None
 
     def __init__(
         self,
@@ -394,7 +399,7 @@ class GcpDriver:
     def _config(self, ssh: bool, pin_token: bool = False) -> Path:
         """The config `ray` gets: the generated one, or a private copy: for commands that use SSH when
         the registry names a key, with `auth.ssh_private_key` pointing at it; for `up` (`pin_token`),
-        fetching the token at the cluster's pinned version."""
+        rendered with the pinned image and fetching the token at the cluster's pinned version."""
         config = self.config_path
         if not config.is_file():
             raise OpsError(
@@ -403,10 +408,11 @@ class GcpDriver:
             )
         key = None if not ssh else self.cluster.ssh_key
         version = self.token_version_reader() if pin_token and self.token_version_reader else None
-        if key is None and version is None:
+        rendered = self.config_renderer() if pin_token and self.config_renderer else None
+        if key is None and version is None and rendered is None:
             return config
-        data = yaml.safe_load(config.read_text())
-        made = []
+        data = yaml.safe_load(rendered if rendered is not None else config.read_text())
+        made = ["the pinned image"] if rendered is not None else []
         if key is not None:
             key_path = key.path()
             if not key_path.is_file():
