@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                     "zone": zone_of[name],
                     "min_workers": 1,
                     "max_workers": VMS,
+                    "token_secret": None,  # the stand-in dashboards take no token
+                    "token": None,
                 }  # fmt: skip
             )
             stand_ins[name] = StandIn(recorded, VMS - PREEMPTED if name != stuck_name else 4, latency)
@@ -288,35 +290,30 @@ def _cpu(sim: psutil.Process, since: tuple[float, float] = (0.0, 0.0)) -> tuple[
 
 
 def detection(ctx: Any, stand_in: StandIn, name: str, check: Callable, verdict: Any) -> None:
-    """The bot's schedule on an injected clock: checks every INTERVAL; the cluster turns stuck between two
-    checks. Two rules for firing: the verdict held for HOLD checks (stuck counted alone), and stuck counted
-    from the short checks before it (they are in the history: stuck means the run already lasted)."""
+    """The bot's schedule on an injected clock: a check every INTERVAL, judged by the bot's own alert
+    rules (bot/alerts/rules.py: HOLD checks in a row, a stuck verdict counted from when the cluster
+    became short); the cluster turns stuck just after one check, the worst phase."""
+    from bot.alerts.model import AlertSettings, Book
+    from bot.alerts.rules import judge
+
+    settings = AlertSettings(check_every_min=INTERVAL.total_seconds() / 60, fire_after=HOLD)
     threshold = timedelta(minutes=ctx.cluster(name).health.stuck_after_min)
     start = datetime.now(UTC) + timedelta(minutes=1)
-    turns = start + INTERVAL * 2 + INTERVAL / 2  # between two checks: the worst phase is just after one
-    fired_hold = fired_run = None
-    in_row = 0
-    at = start
-    while at < turns + threshold + INTERVAL * (HOLD + 2) and fired_hold is None:
+    turns = start + INTERVAL * 2 + INTERVAL / 100
+    book, fired, at = Book(), None, start
+    while at < turns + threshold + INTERVAL * (HOLD + 2) and fired is None:
         stand_in.stuck = at >= turns
         h = check(ctx, name, now=at)
-        in_row = in_row + 1 if h.verdict == verdict.STUCK else 0
-        if in_row >= HOLD and fired_hold is None:
-            fired_hold = at
-        if h.verdict == verdict.STUCK and fired_run is None:
-            fired_run = at  # its history already holds >= threshold / interval short checks in a row
+        changes = judge(book, h, False, at, settings)
+        if any(c.kind == "post" and c.alert.problem == verdict.STUCK for c in changes):
+            fired = at
         at += INTERVAL
     stand_in.stuck = False
-
-    def mins(t: datetime | None) -> str:
-        return "never" if t is None else f"{(t - turns).total_seconds() / 60:.1f} min"
-
     bound = (threshold + INTERVAL).total_seconds() / 60
-    every = INTERVAL.total_seconds() / 60
-    print(f"stuck detection (threshold {threshold.total_seconds() / 60:g} min, checks every {every:g} min, "
-          f"bound threshold + one interval = {bound:g} min):")  # fmt: skip
-    print(f"  first stuck verdict, whose run of short checks already held: {mins(fired_run)} after it turned")
-    print(f"  fired after {HOLD} stuck verdicts in a row: {mins(fired_hold)} after it turned")
+    after = "never" if fired is None else f"{(fired - turns).total_seconds() / 60:.1f} min"
+    print(f"stuck detection (threshold {threshold.total_seconds() / 60:g} min, checks every "
+          f"{INTERVAL.total_seconds() / 60:g} min, {HOLD} in a row): the alert fired {after} after the "
+          f"cluster turned stuck; bound threshold + one interval = {bound:g} min")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from ops.context import Context
 from ops.errors import OpsError
-from ops.ray_api import Reach
+from ops.ray_api import RayApi, Reach
 from ops.registry import Cluster, HealthThresholds
 from ops.status import (
     Death,
@@ -121,7 +121,7 @@ def read(ctx: Context, cluster: Cluster, now: datetime | None = None) -> Snapsho
     pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix=f"health-{cluster.name}")
     try:
         cloud = pool.submit(lambda: read_cloud(ctx.tpu(cluster), cluster))
-        api_f = pool.submit(ctx.ray, cluster)
+        api_f = pool.submit(_ray_with_token, ctx, cluster)
         api = _wait(api_f, deadline, snap, "ray")
         if api is not None:
             reach, code = _wait(pool.submit(api.probe, limit), deadline, snap, "ray") or (
@@ -154,6 +154,14 @@ def read(ctx: Context, cluster: Cluster, now: datetime | None = None) -> Snapsho
         pool.shutdown(wait=False, cancel_futures=True)  # a source still hanging ends by its own timeout
     snap.seconds = round(time.monotonic() - started, 3)
     return snap
+
+
+def _ray_with_token(ctx: Context, cluster: Cluster) -> RayApi:
+    """The cluster's Ray API with its token read now: a token that cannot be read (Secret Manager out
+    of reach) is said as such, not as a dashboard that did not answer."""
+    api = ctx.ray(cluster)
+    api.headers  # noqa: B018 - reads the token (OpsError naming the secret, never the value)
+    return api
 
 
 def _wait(future: Future, deadline: float, snap: Snapshot, source: str) -> Any:
