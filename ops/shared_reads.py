@@ -42,6 +42,12 @@ class SharedReads:
             return True, hit[1]
         return False, None
 
+    def peek(self, key: Hashable) -> tuple[bool, Any]:
+        """(True, the result) when a read of `key` finished less than ttl_s ago; (False, None) otherwise.
+        Never reads: for a caller that answers at once when it can and acknowledges first when not."""
+        with self._mutex:
+            return self._cached(key)
+
     def _keep(self, key: Hashable, started: float, value: Any) -> None:
         # Stamped with when the read started: a slow read is no fresher than the moment it looked.
         with self._mutex:

@@ -9,7 +9,7 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.adapters.cogs import answer_publicly, cluster_choices
+from bot.adapters.cogs import answer_read, cluster_choices
 from ops.shared_reads import SharedReads
 
 if TYPE_CHECKING:
@@ -29,5 +29,4 @@ class Health(commands.Cog):
     async def health(self, interaction: discord.Interaction[Any], cluster: str | None = None) -> None:
         name = cluster.strip() if cluster else None
         valid = name is None or name in self.monitor.engine.registry.clusters
-        work = self.reads.aget(("health", name), self.monitor.health, name)
-        await answer_publicly(interaction, valid, work, code=True)
+        await answer_read(interaction, valid, self.reads, ("health", name), self.monitor.health, name)
