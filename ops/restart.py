@@ -554,7 +554,9 @@ class RestartRun:
         self.progress("head is accepting jobs")
         from ops.workers import readd_workers  # the reserved-capacity ledger: its workers serve the new head
 
-        workers = readd_workers(self.ctx, self.cluster, self.progress)
+        # After a token rotation the ledger's VMs are made again: their startup scripts hold the old token.
+        rotated = self.record.token is not None
+        workers = readd_workers(self.ctx, self.cluster, self.progress, new_token=rotated)
         for line in workers:
             self.progress(line)
         self._advance(Step.CLUSTER_STARTED, t, head_node=self._head_node(), workers=workers)

@@ -170,16 +170,21 @@ def _types(ctx: Context, cluster: Cluster) -> list[str]:
 
 # -- the startup script -------------------------------------------------------------------------------
 def startup_script(
-    registry: Registry, cluster: Cluster, template: Path = STARTUP_TEMPLATE, token: str | None = None
+    registry: Registry,
+    cluster: Cluster,
+    template: Path = STARTUP_TEMPLATE,
+    token: str | None = None,
+    image: str | None = None,
 ) -> str:
     """The cluster's worker startup script (infra/worker-startup.sh filled in). It holds the Ray token
     (`token`: the cluster's live one, `Context.token`; else this machine's copy): it goes into the
-    node's metadata and nowhere else (never into progress, the ledger or logs)."""
+    node's metadata and nowhere else (never into progress, the ledger or logs). `image`: the one the
+    cluster's nodes run (the store's pin, `ops.images.image_for_start`); the registry's tag if not given."""
     values = {
         "CLUSTER": cluster.name,
         "RAY_CLUSTER_NAME": cluster.ray_cluster_name,
         "PROJECT": cluster.project,
-        "IMAGE": f"{registry.image(cluster)}:{cluster.image_tag}",
+        "IMAGE": image or f"{registry.image(cluster)}:{cluster.image_tag}",
         "RAY_TOKEN": (token if token is not None else cluster.read_token()) or "",
     }
     text = template.read_text()
@@ -321,7 +326,7 @@ def _add(
         f"asking {cluster.zone} for {count} x {tpu_type} ({capacity.value}) for {cluster.name}: "
         + ", ".join(r.qr_id for r in records)
     )
-    script = startup_script(ctx.registry, cluster, token=ctx.token(cluster))
+    script = startup_script(ctx.registry, cluster, token=ctx.token(cluster), image=_image(ctx, cluster))
     with ThreadPoolExecutor(max_workers=count, thread_name_prefix="add-worker") as pool:
         outcomes = list(pool.map(lambda r: _provision(ctx, r, script, progress, settings), records))
     return AddWorkerResult(
@@ -350,6 +355,13 @@ def labels_of(record: WorkerRecord) -> dict[str, str]:
     if record.attempt > 1:
         labels[LABEL_ATTEMPT] = str(record.attempt)
     return labels
+
+
+def _image(ctx: Context, cluster: Cluster) -> str:
+    """The image the cluster's nodes run: the pinned one (build-image), as its head's config names it."""
+    from ops.images import image_for_start
+
+    return image_for_start(ctx, cluster)[0]
 
 
 def _provision(
@@ -664,23 +676,34 @@ def _busy(api: RayApi, node_ids: list[str]) -> bool:
 
 # -- after a restart ----------------------------------------------------------------------------------
 def readd_workers(
-    ctx: Context, cluster: Cluster, progress: Progress = _nothing, settings: Settings | None = None
+    ctx: Context,
+    cluster: Cluster,
+    progress: Progress = _nothing,
+    settings: Settings | None = None,
+    new_token: bool = False,
 ) -> list[str]:
     """After a restart, the ledger's workers serve the new head: a VM that is READY rejoins by itself
-    (its startup script follows the head); one that is gone is recreated under the same id. One line
-    per worker; a worker that cannot be had is a line, not a failed restart. Runs under the restart's lock."""
+    (its startup script follows the head); one that is gone is recreated under the same id. After a
+    token rotation (`new_token`) every one is recreated: a VM's startup script holds the token it was
+    made with, which the new head refuses. One line per worker; a worker that cannot be had is a line,
+    not a failed restart. Runs under the restart's lock."""
     settings = settings or Settings()
     records = [r for r in ledger(ctx, cluster.name) if r.state != "failed"]
     if not records:
         return []
     api = ctx.tpu(cluster)
-    script = startup_script(ctx.registry, cluster, token=ctx.token(cluster))
+    script = startup_script(ctx.registry, cluster, token=ctx.token(cluster), image=_image(ctx, cluster))
 
     def one(record: WorkerRecord) -> str:
         node = api.get_node(f"{api.parent(record.zone)}/nodes/{record.qr_id}")
-        if node is not None and node.state == "READY":
+        if node is not None and node.state == "READY" and not new_token:
             return f"{record.qr_id} ({record.accelerator_type}, {record.added_by}): rejoins the new head"
-        progress(f"{record.qr_id}: {node.state if node else 'gone'}, recreating it")
+        if node is not None and new_token:
+            progress(f"{record.qr_id}: made with the old token, recreating it with the new one")
+            api.delete_queued_resource(record.qr_name, force=True)
+            _until_gone(api, record.qr_name, settings.timeout_s)
+        else:
+            progress(f"{record.qr_id}: {node.state if node else 'gone'}, recreating it")
         outcome = _provision(ctx, record, script, progress, settings, keep=True)
         if outcome.state == "ready":
             return f"{record.qr_id} ({record.accelerator_type}, {record.added_by}): recreated"

@@ -20,7 +20,7 @@ from ops.context import Context
 from ops.errors import BadInput, Refused
 from ops.gcp.tpu import LABEL_CLUSTER, TpuApi, default_retry, tpu_clients
 from ops.locks import acquire, current_lock
-from ops.registry import Registry
+from ops.registry import Registry, TokenSource
 from ops.sim import FaultKind, Latency, SimServer
 from ops.store import LocalStore
 from ops.workers import (
@@ -308,3 +308,24 @@ def test_the_cli_adds_lists_and_reports_in_json_with_its_exit_codes(ctx: Context
         assert code == 3 and "restart local-restart-2" in err
     finally:
         lease.release()
+
+
+def test_after_a_token_rotation_every_ledger_worker_is_made_again_with_the_new_token(
+    ctx: Context, sim: SimServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A VM's startup script holds the token it was made with: after a rotation the new head refuses
+    it, so the restart's re-add makes every ledger worker again (a READY one too)."""
+    monkeypatch.setenv("CB_TEST_TOKEN", "old-token")
+    local = ctx.cluster("local").model_copy(update={"token": TokenSource(env="CB_TEST_TOKEN")})
+    ctx.registry.clusters["local"] = local
+    added = add_worker(ctx, "v4-8", "reserved", by="alice", cluster="local", key="a", settings=FAST)
+    qr_id = added.workers[0].qr_id
+    node = f"projects/proj/locations/{ZONE}/nodes/{qr_id}"
+    assert "old-token" in sim.state.get_node(node).metadata["startup-script"]
+
+    monkeypatch.setenv("CB_TEST_TOKEN", "new-token")
+    assert readd_workers(ctx, local, settings=FAST) == [f"{qr_id} (v4-8, alice): rejoins the new head"]
+    assert readd_workers(ctx, local, settings=FAST, new_token=True) == [f"{qr_id} (v4-8, alice): recreated"]
+    script = sim.state.get_node(node).metadata["startup-script"]
+    assert "new-token" in script and "old-token" not in script
+    assert sim.state.get_node(node).state.name == "READY"
