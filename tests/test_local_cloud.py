@@ -1,6 +1,8 @@
-"""The local cluster is GCP-shaped, end to end through the CLI: `add-worker --cluster local v4-8
---capacity reserved` goes through the Cloud TPU API (the simulator), a Ray node with `TPU-v4-8-head`
-joins the head, the ledger shows it, and a restart keeps it serving the new head."""
+"""The local cluster is GCP-shaped, end to end through the CLI: `build-image --regions local-sim` pins an
+image (simulated Cloud Build and Artifact Registry), `add-worker --cluster local v4-8 --capacity reserved`
+goes through the Cloud TPU API (the simulator) with that image in its startup script, a Ray node with
+`TPU-v4-8-head` joins the head, the ledger shows it, and a restart (which starts on the pinned image)
+keeps it serving the new head."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from datetime import timedelta
 import pytest
 
 from ops.context import Context
+from ops.images import behind, started
 from ops.ray_api import RayApi
 from ops.registry import Cluster
 from ops.workers import due_workers, ledger
@@ -42,9 +45,25 @@ def no_reserved_left(cluster: Cluster) -> Iterator[None]:
 def test_a_reserved_worker_joins_and_serves_the_head_after_a_restart(
     ops_env: Env, cluster: Cluster, no_reserved_left: None
 ) -> None:
+    # The image first: built through the simulated Cloud Build into the local region's registry and
+    # pinned; the worker's startup script and the restart's start both take the pin.
+    built = ops_env.ops("build-image", "--regions", "local-sim", "--as", "alice", "--json",
+                        extra_env={"CLUSTERBOT_GIT_SHA": "abc1234"})  # fmt: skip
+    assert built.code == 0, built
+    [pin] = built.json()["pins"].values()
+    assert pin["tag"].startswith("abc1234-") and "local" in built.json()["to_restart"]
+
     added = ops_env.ops("add-worker", "v4-8", "--capacity", "reserved", "--cluster", "local",
                         "--reason", "eval sweep", "--as", "alice", "--json")  # fmt: skip
     assert added.code == 0, added
+    ctx = Context()
+    try:
+        [record] = ledger(ctx, "local")
+        api = ctx.tpu(cluster)
+        node = api.clients.v2.get_node(name=f"{api.parent(record.zone)}/nodes/{record.qr_id}")
+        assert f"{pin['tag']}@{pin['digest']}" in node.metadata["startup-script"]
+    finally:
+        ctx.close()
     wait_for(lambda: v4_8_workers(cluster), JOIN_TIMEOUT_S, "the reserved v4-8 to join the head", interval=1)
     view = ops_env.ops("workers", "--cluster", "local", "--json")
     assert view.code == 0, view
@@ -54,6 +73,12 @@ def test_a_reserved_worker_joins_and_serves_the_head_after_a_restart(
 
     assert restarted.code == 0, restarted
     assert any("v4-8" in line for line in restarted.json()["workers"]), restarted.out
+    ctx = Context()
+    try:
+        assert started(ctx, "local").tag == pin["tag"]  # the start ran the pinned image
+        assert behind(ctx, ["local"]) == []
+    finally:
+        ctx.close()
     wait_for(lambda: v4_8_workers(cluster), JOIN_TIMEOUT_S, "the v4-8 to serve the new head", interval=1)
 
     gone = ops_env.ops("clean-preempted", "--cluster", "local", "--dry-run", "--json")

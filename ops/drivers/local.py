@@ -63,6 +63,9 @@ class LocalDriver:
     # How to read the cluster's Ray token at its pinned version (set by the Context); None: this
     # machine's copy (the registry's `token`), made up when missing.
     token_reader: Callable[[], str | None] | None = None
+    # Called at each start with no config to render (the local head is this machine's Ray): it records
+    # the image the cluster's nodes run (the store's pin), as a GCP start does (set by the Context).
+    config_renderer: Callable[[], str | None] | None = None
 
     def __init__(self, cluster: Cluster) -> None:
         assert cluster.local_ports is not None
@@ -240,6 +243,8 @@ class LocalDriver:
         url = self.cluster.dashboard_url
         if self.is_up():
             return f"local cluster already up, dashboard at {url}"
+        if self.config_renderer is not None:
+            self.config_renderer()
         for attempt in (1, 2):
             try:
                 pid = self._start_once()
