@@ -4,10 +4,10 @@
 Fast under a burst (issue 10): identical reads that overlap, or come within a second of each other,
 share one engine call (`ops.shared_reads`), so 50 people asking `/jobs local` at once read the
 dashboard once and their acknowledgements do not queue behind 50 threads; an answer read less than a
-second ago is the acknowledgement itself, any other is acknowledged at once and followed up (`answer_read`);
-and the modules a read
-needs (Ray's job client above all: ~1 s and ~50 MiB on first use) are imported while the cog loads,
-before the bot says it is ready, not in the middle of the first burst.
+second ago is the acknowledgement itself, any other is acknowledged at once and followed up
+(`answer_read`); jobs are read as the dashboard's JSON, not through Ray's job client (no Ray in the
+bot's process for a read); and the modules a read needs are imported while the cog loads, before the
+bot says it is ready, not in the middle of the first burst.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from bot.protocol.engine import Engine
 
 READ_TTL_S = 1.0  # how old an answer may be: a second-old /status is as good as a fresh one
-WARM_MODULES = ("ray.job_submission", "ops.status", "ops.jobs", "ops.render")
+WARM_MODULES = ("ops.status", "ops.jobs", "ops.render", "ops.health")
 
 
 class ReadOnly(commands.Cog):
