@@ -1,9 +1,9 @@
 """The cluster image: built through Cloud Build, pushed to the Artifact Registry of every region the
 registry uses, pinned in the store, and kept there by cleanup policies that spare what clusters run.
 
-- `build_image`: one Cloud Build per project from the Dockerfile the registry names (today
-  `DOCKERFILE`, see Settings), every region's repository created if absent, tagged `latest`, the git
-  short hash, the UTC date and one tag no other build has (`<hash>-<date>-<time>`, the pin). It restarts
+- `build_image`: one Cloud Build per project from the Dockerfile the registry names (`dockerfile`),
+  every region's repository created if absent, tagged `latest`, the git short hash, the UTC date and
+  one tag no other build has (`<hash>-<date>-<time>`, the pin). It restarts
   nothing: its result lists the clusters whose next start takes the new image. Its tags and build ids
   are kept per operation (`images/ops/<op>.json`): run again (the bot resuming after its own restart),
   it follows the build it started instead of starting another.
@@ -40,9 +40,6 @@ from ops.gcp.artifacts import CleanupRule
 from ops.registry import REPO_ROOT, Cluster, Registry
 from ops.store import Conflict, dump, read_model
 
-# Until the registry names it (a `dockerfile` field): the cluster image's Dockerfile, relative to the
-# build context, which is the repository root (docker/cluster/Dockerfile says so).
-DOCKERFILE = "docker/cluster/Dockerfile"
 REVISION_ENV = "CLUSTERBOT_GIT_SHA"
 PIN_KEY = "images/pin.json"
 STARTED_PREFIX = "images/started/"
@@ -66,7 +63,7 @@ class Settings(BaseModel):
     """How images are built and kept; tests pass a small source tree and short timings."""
 
     context: Path = REPO_ROOT  # the build context: packed and uploaded as Cloud Build's source
-    dockerfile: str = DOCKERFILE  # relative to `context`
+    dockerfile: str | None = None  # relative to `context`; None: the registry's `dockerfile`
     timeout_s: int = Field(default=3600, gt=0)  # Cloud Build's own timeout for the build
     keep_days: int = Field(default=30, gt=0)  # versions older than this are deleted...
     keep_count: int = Field(default=16, gt=0)  # ...except the newest this many and every pinned one
@@ -294,6 +291,8 @@ def build_image(
     each region holds it, pin it, refresh the cleanup keep lists. BuildFailed (an OpsError) carries the
     log's tail; nothing is pinned unless every region of the build holds the image."""
     settings = settings or Settings()
+    if settings.dockerfile is None:
+        settings = settings.model_copy(update={"dockerfile": ctx.registry.dockerfile})
     started_at = time.monotonic()
     chosen = targets(ctx.registry, regions)
     attempt = _attempt(ctx, op, settings, now)

@@ -336,6 +336,9 @@ class Registry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     image_repository: str
     image_name: str
+    # The cluster image's Dockerfile, relative to the build context (the repository root): the one in
+    # docker/ is an example; a team points at its own. build-image builds it.
+    dockerfile: str = "docker/cluster/Dockerfile"
     clusters: dict[str, Cluster]
 
     @model_validator(mode="after")

@@ -432,3 +432,15 @@ def test_ray_up_of_a_gcp_cluster_runs_the_pinned_image(
     assert up["docker"]["image"] == pin.ref
     assert "versions access 1 --secret=RAY_AUTH_TOKEN" in given["up"]  # and the pinned token, as before
     assert started(ctx, "us-central2").tag == pin.tag
+
+
+def test_the_dockerfile_is_the_one_the_registry_names(
+    ctx: Context, registry: Registry, settings: Settings
+) -> None:
+    registry.dockerfile = "teams/ours.Dockerfile"
+    with pytest.raises(BuildFailed, match="teams/ours.Dockerfile"):
+        build_image(ctx, "bob", regions=["us-east5"], settings=settings, now=NOW)
+    (settings.context / "teams").mkdir()
+    (settings.context / "teams" / "ours.Dockerfile").write_text(DOCKERFILE)
+    result = build_image(ctx, "bob", regions=["us-east5"], settings=settings, now=NOW + timedelta(minutes=1))
+    assert "hai-gcp-models/us-east5" in result.pins

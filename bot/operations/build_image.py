@@ -41,7 +41,7 @@ def spec(settings: Settings | None = None) -> Spec:
     def look(engine: Engine, cluster: Cluster | None, user: User, params: BuildParams) -> Look:
         chosen = targets(engine.registry, params.region_list())  # BadInput names the valid regions
         where = ", ".join(f"{t.region} ({', '.join(t.clusters)})" for t in chosen)
-        return Look([], [f"{settings.dockerfile} for {where}"])
+        return Look([], [f"{settings.dockerfile or engine.registry.dockerfile} for {where}"])
 
     def execute(engine: Engine, op: Operation, lease: Lease | None, progress: Progress) -> Outcome:
         params = BuildParams.model_validate(op.params)
