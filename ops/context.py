@@ -84,6 +84,10 @@ class Context:
                     driver.token_version_reader = lambda: self._pinned_version(cluster)
                 if hasattr(driver, "config_renderer"):  # a start runs the image pinned in the store
                     driver.config_renderer = lambda: self._start_config(cluster)
+                key = cluster.ssh_key
+                if hasattr(driver, "ssh_key_reader") and key is not None and key.private_secret is not None:
+                    secret = key.private_secret
+                    driver.ssh_key_reader = lambda: self.secrets(cluster).access(secret).get_secret_value()
             return driver
 
     def _start_config(self, cluster: Cluster) -> str | None:

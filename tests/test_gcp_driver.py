@@ -642,3 +642,32 @@ def test_a_local_cluster_has_no_reach():
     raw = load_registry(DEFAULT_REGISTRY).get("local").model_dump()
     with pytest.raises(ValueError, match="for GCP clusters"):
         Cluster.model_validate({**raw, "reach": "tunnel"})
+
+
+def test_a_machine_without_the_key_gets_the_clusters_pair_from_secret_manager(
+    config_dir: Path, tmp_path: Path
+) -> None:
+    """A new bot deploy has no key file: `ray` gets the cluster's one private key, read from the
+    secret the registry names and written 0600 where it says, never a key of its own."""
+    from ops.context import Context
+    from ops.sim.server import SimServer
+    from ops.store import LocalStore
+
+    key = tmp_path / "keys" / "marin-us-central2.pem"
+    cluster = make_cluster(ssh_key=key).model_copy(update={"ssh_key": SshKeySource(
+        file=str(key), private_secret="marin-us-central2-ssh-private-key")})  # fmt: skip
+    runner = Recorder()
+    private = "-----BEGIN OPENSSH PRIVATE KEY-----\nfake\n-----END OPENSSH PRIVATE KEY-----"
+    with SimServer(secrets={"hai-gcp-models": {"marin-us-central2-ssh-private-key": private}}) as sim:
+        registry = load_registry(DEFAULT_REGISTRY).model_copy(update={"clusters": {"us-central2": cluster}})
+        ctx = Context(LocalStore(tmp_path / "store"), registry, cloud_endpoint=lambda _: sim.address,
+                      driver_factory=lambda c: GcpDriver(c, runner=runner, config_dir=config_dir,
+                                                         state_dir=tmp_path / "gcp"))  # fmt: skip
+        try:
+            ctx.driver(cluster).stop()
+        finally:
+            ctx.close()
+    assert key.read_text() == private + "\n" and stat.S_IMODE(key.stat().st_mode) == 0o600
+    [(argv, _, _)] = runner.calls
+    assert yaml.safe_load(Path(argv[-1]).read_text())["auth"]["ssh_private_key"] == str(key)
+    assert private not in Path(argv[-1]).read_text()

@@ -186,6 +186,9 @@ class GcpDriver:
     # The config a start must use, rendered with the store's image pin (set by the Context); None: the
     # generated file.
     config_renderer: Callable[[], str | None] | None = None
+    # Reads the private half of the cluster's SSH key pair from Secret Manager (set by the Context):
+    # a machine without the key file (a new bot deploy) gets the cluster's one pair, never a new one.
+    ssh_key_reader: Callable[[], bytes] | None = None
 
     def __init__(
         self,
@@ -408,11 +411,13 @@ class GcpDriver:
             )
         key = None if not ssh else self.cluster.ssh_key
         key_path = key.path() if key is not None else None
+        if key_path is not None and not key_path.is_file():
+            self._fetch_key(key_path)
         if key_path is not None and not key_path.is_file():  # before any work: /status asks this often
             raise OpsError(
                 f"no SSH key for cluster {self.cluster.name}: {key_path} does not exist",
-                "put there the private key whose public half is in the project's ssh-keys metadata for "
-                "user `ray` (infra/clusters.yaml, field ssh_key)",
+                "put there the private key whose public half is in the project's ssh-keys metadata for user "
+                "`ray` (infra/clusters.yaml, field ssh_key), or name its secret (ssh_key.private_secret)",
             )
         version = self.token_version_reader() if pin_token and self.token_version_reader else None
         rendered = self.config_renderer() if pin_token and self.config_renderer else None
@@ -440,6 +445,27 @@ class GcpDriver:
             tmp.chmod(0o600)
             os.replace(tmp, out)
         return out
+
+    def _fetch_key(self, path: Path) -> None:
+        """The private key from the cluster's `private_secret`, written 0600 where the registry says
+        (`ssh_key.file`); nothing when no secret is named or it cannot be read (said by the caller)."""
+        key = self.cluster.ssh_key
+        if key is None or key.private_secret is None or self.ssh_key_reader is None:
+            return
+        try:
+            data = self.ssh_key_reader()
+        except Exception as e:  # no credentials, no such secret: the missing file is the error to say
+            log.warning("%s: could not read the SSH key secret %s: %s", self.cluster.name,
+                        key.private_secret, type(e).__name__)  # fmt: skip
+            return
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data if data.endswith(b"\n") else data + b"\n")
+        os.replace(tmp, path)
+        log.info("%s: SSH key written to %s from Secret Manager (%s)", self.cluster.name, path,
+                 key.private_secret)  # fmt: skip
 
     def _run(
         self, args: list[str], timeout: float, *, ssh: bool, pin_token: bool = False
