@@ -301,7 +301,7 @@ def test_a_wrong_token_is_token_refused(
     ctx: Context, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CB_TEST_WRONG_TOKEN", "not-the-token")
-    wrong = cluster.model_copy(update={"token": TokenSource(env="CB_TEST_WRONG_TOKEN")})
+    wrong = cluster.model_copy(update={"token": TokenSource(env="CB_TEST_WRONG_TOKEN"), "token_secret": None})
     other = Context(
         store=ctx.store, registry=Registry(image_repository="r", image_name="i", clusters={"local": wrong})
     )
