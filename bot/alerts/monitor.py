@@ -84,7 +84,11 @@ class Monitor:
     async def check(self) -> list[Health]:
         """Check every cluster once: alerts fire, evolve, repeat and resolve; due workers are told."""
         now = self.engine.clock()
-        names = self.settings.clusters or None
+        names = None  # every registered cluster, unless the settings name some (unknown names are skipped)
+        if self.settings.clusters:
+            names = [n for n in self.settings.clusters if n in self.engine.registry.clusters]
+            if not names:
+                return []
         healths = await asyncio.to_thread(check_all, self.engine.ctx, names, now)
         locks = await asyncio.gather(
             *(asyncio.to_thread(current_lock, self.engine.store, h.snapshot.cluster) for h in healths)

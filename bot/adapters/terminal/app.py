@@ -33,11 +33,14 @@ def _login_name() -> str:
 
 
 def _terminal_rights(settings: Settings) -> tuple[Settings, str]:
-    """With no bot config file, the user named admin is an admin; and how /help says who is."""
+    """With no bot config file, the user named admin is an admin, and the alerts watch the local
+    cluster only (the GCP ones cannot be read from a machine set up for nothing); and how /help says
+    who is an admin."""
     if settings.config_path is not None:
         return settings, f"admins and rights: from {settings.config_path}"
     config = settings.config.model_copy(deep=True)
     config.rights.admins.append("admin")
+    config.alerts.clusters = config.alerts.clusters or ["local"]
     note = "admins: with no bot config file, the user named admin is an admin (/as admin)"
     return settings.model_copy(update={"config": config}), note
 
