@@ -411,11 +411,10 @@ class GcpDriver:
             )
         key = None if not ssh else self.cluster.ssh_key
         key_path = key.path() if key is not None else None
-        if key_path is not None and not key_path.is_file():
-            self._fetch_key(key_path)
+        unread = self._fetch_key(key_path) if key_path is not None and not key_path.is_file() else ""
         if key_path is not None and not key_path.is_file():  # before any work: /status asks this often
             raise OpsError(
-                f"no SSH key for cluster {self.cluster.name}: {key_path} does not exist",
+                f"no SSH key for cluster {self.cluster.name}: {key_path} does not exist{unread}",
                 "put there the private key whose public half is in the project's ssh-keys metadata for user "
                 "`ray` (infra/clusters.yaml, field ssh_key), or name its secret (ssh_key.private_secret)",
             )
@@ -446,18 +445,16 @@ class GcpDriver:
             os.replace(tmp, out)
         return out
 
-    def _fetch_key(self, path: Path) -> None:
+    def _fetch_key(self, path: Path) -> str:
         """The private key from the cluster's `private_secret`, written 0600 where the registry says
-        (`ssh_key.file`); nothing when no secret is named or it cannot be read (said by the caller)."""
+        (`ssh_key.file`). "" when written or no secret is named; else why not, for the caller's error."""
         key = self.cluster.ssh_key
         if key is None or key.private_secret is None or self.ssh_key_reader is None:
-            return
+            return ""
         try:
             data = self.ssh_key_reader()
-        except Exception as e:  # no credentials, no such secret: the missing file is the error to say
-            log.warning("%s: could not read the SSH key secret %s: %s", self.cluster.name,
-                        key.private_secret, type(e).__name__)  # fmt: skip
-            return
+        except Exception as e:  # no credentials, no such secret: said with the missing file
+            return f" and its secret {key.private_secret} could not be read ({type(e).__name__})"
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -466,6 +463,7 @@ class GcpDriver:
         os.replace(tmp, path)
         log.info("%s: SSH key written to %s from Secret Manager (%s)", self.cluster.name, path,
                  key.private_secret)  # fmt: skip
+        return ""
 
     def _run(
         self, args: list[str], timeout: float, *, ssh: bool, pin_token: bool = False
