@@ -40,7 +40,7 @@ def owners_line(jobs: list[Job]) -> str:
 
 def render_status(s: StatusReport) -> str:
     if not s.head_up:
-        head = f"head: DOWN ({s.note or 'the dashboard does not answer'})"
+        head = f"head: not reached ({s.note or 'the dashboard does not answer'})"  # unreachable is not dead
     else:
         head = "head: up"
     alive = sum(s.workers.values())
