@@ -144,10 +144,18 @@ def provisioning(args: argparse.Namespace, say: Say) -> dict[str, Any]:
     own_poll = default_poll_s()  # there both variants wait for the same poll: add-worker alone is timed
     samples: dict[str, dict[str, dict[int, list[float]]]] = {}
     loads: list[float] = []
-    with SimServer(latency=latency) as sim:
+    from ops.registry import clusterbot_home, load_registry
+    from ops.store import LocalStore
+
+    local = load_registry().clusters[CLUSTER]
+    seed = {local.project: {local.token_secret: "bench-token"}} if local.token_secret else None
+    with SimServer(latency=latency, secrets=seed) as sim:  # the token add-worker's VMs carry
         for poll_s in args.poll_s:
             ctx = Context(
-                tpu_factory=lambda c, p=poll_s: TpuApi(tpu_clients(sim.address), c.project, poll_s=p)
+                # A store of its own: the token pinned here is this simulator's, not part 2's cluster's.
+                store=LocalStore(clusterbot_home() / "provision-store"),
+                tpu_factory=lambda c, p=poll_s: TpuApi(tpu_clients(sim.address), c.project, poll_s=p),
+                cloud_endpoint=lambda c: sim.address,
             )
             try:
                 for r in range(args.rounds):
