@@ -149,6 +149,7 @@ class Engine:
         self._versions: dict[str, str] = {}
         self._leases: dict[str, Lease] = {}
         self._mutex: dict[str, asyncio.Lock] = {}
+        self._edit_mutex: dict[str, asyncio.Lock] = {}  # one edit of an operation's message at a time
         self._shown: dict[str, str] = {}
         self._tasks: set[asyncio.Task] = set()
         self._pending: dict[str, list[str]] = {}  # progress lines not yet written, per operation
@@ -302,24 +303,23 @@ class Engine:
     def _message(self, op: Operation, mentions: list[str] | None = None) -> Message:
         return Message(self.render(op), self.buttons(op), mentions or [], op_id=op.op_id)
 
-    async def _show_now(self, op_id: str) -> None:
-        """Show the operation as it is when its turn comes (after the clicks queued before it)."""
-        async with self._lock(op_id):
-            await self._show(self.ops[op_id])
-
     async def _show(self, op: Operation) -> None:
-        """Edit the operation's message if what it shows changed."""
-        if op.message_id is None:
-            return
-        message = self._message(op)
-        shown = message.text + "|" + ",".join(b.action for b in message.buttons)
-        if self._shown.get(op.op_id) == shown:
-            return
-        self._shown[op.op_id] = shown
-        try:
-            await self.chat.edit(op.message_id, message)
-        except Exception:
-            log.exception("could not edit the message of %s", op.op_id)
+        """Edit the operation's message if what it shows changed. Edits of one message go one at a
+        time, each showing the newest state when its turn comes, under a lock of their own: a click
+        never waits for an edit held up by Discord's rate limit."""
+        async with self._edit_mutex.setdefault(op.op_id, asyncio.Lock()):
+            op = self.ops.get(op.op_id, op)  # saved before shown: the newest state
+            if op.message_id is None:
+                return
+            message = self._message(op)
+            shown = message.text + "|" + ",".join(b.action for b in message.buttons)
+            if self._shown.get(op.op_id) == shown:
+                return
+            self._shown[op.op_id] = shown
+            try:
+                await self.chat.edit(op.message_id, message)
+            except Exception:
+                log.exception("could not edit the message of %s", op.op_id)
 
     async def _end(
         self, op: Operation, state: State, event: str, ping: str | None = None, **data: Any
@@ -507,7 +507,7 @@ class Engine:
             if not show_later:
                 await self._show(self.ops[op_id])
                 return Reply(text)
-        self._spawn(self._show_now(op_id))
+        self._spawn(self._show(self.ops[op_id]))
         return Reply(text)
 
     async def _next_operation(self, user: User, target: str, action: str, arg: str = "") -> Reply:
