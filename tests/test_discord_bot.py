@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from bot.adapters.discord_bot import CUSTOM_ID, ClusterBot
 from bot.config import BotConfig, ConfigError, Rights, Settings, Windows
 from bot.operations import registered
 from bot.protocol.engine import ALIVE_KEY, Look, Outcome, Spec
-from bot.protocol.model import Message, State
+from bot.protocol.model import Message, State, Vote
 from ops import journal
 from ops.context import Context
 from ops.errors import Refused
@@ -421,6 +422,44 @@ async def test_double_clicks_count_once(bot: ClusterBot, world: World) -> None:
     await asyncio.sleep(0.3)
     assert world.runs == [op_id]
     assert len([m for m in world.infra() if "is done" in m.content]) == 1
+
+
+class StallingStore(LocalStore):
+    """The bot's store, whose writes of an operation's state take `stall_s` when told to (a slow disk or
+    bucket): what a click waits for before it is answered."""
+
+    stall_s = 0.0
+
+    def replace(self, key: str, data: bytes, version: str) -> str:
+        time.sleep(self.stall_s)
+        return super().replace(key, data, version)
+
+
+async def test_a_click_the_store_is_slow_to_record_is_deferred_and_a_refusal_is_not(
+    fake: FakeDiscord, tmp_path: Path
+) -> None:
+    """Answers wait for the record, never longer than the budget before Discord hears from the bot;
+    a refusal needs no record and is the acknowledgement itself, even while a write stalls."""
+    world = World(fake, tmp_path, [job("alice"), job("bob")])
+    world.store = StallingStore(tmp_path / "store")
+    bot = world.bot()
+    async with run_bot(bot, fake):
+        op_id, ann = await announce(world, bot)
+        world.store.stall_s = 1.5  # beyond the 1 s budget, within Discord's 3 s
+        cid = {a: next(c for c in ann.custom_ids if c.startswith(f"cb:{a}:")) for a in ("ok", "confirm")}
+        bob = await fake.click("bob", ann, cid["ok"])
+        mallory = await fake.click("mallory", ann, cid["ok"])
+        refused = await mallory.response()
+        assert refused.type == 4 and refused.ephemeral and "only people whose jobs" in (refused.content or "")
+        first = await bob.response()
+        assert first.type == 5 and first.ephemeral and 0.9 < first.latency < 3.0  # deferred, privately
+        assert refused.latency < first.latency
+        msg = await bob.wait_original(timeout=10)
+        assert msg.content == "OK counted" and msg.ephemeral
+        assert bot.engine.ops[op_id].affected[world.id["bob"]].vote == Vote.OK  # recorded before answered
+        world.store.stall_s = 0.0
+        quick = await fake.click("alice", ann, cid["confirm"])
+        assert (await quick.response()).type == 4  # recorded within the budget: the answer itself
 
 
 async def test_two_concurrent_restarts_of_one_cluster_announce_once(bot: ClusterBot, world: World) -> None:
