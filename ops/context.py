@@ -231,6 +231,15 @@ class Context:
             raise OpsError(f"{cluster.name}'s simulator names no buckets directory", "restart the cluster")
         return DirObjects(Path(info["buckets_dir"]))
 
+    def warm(self) -> None:
+        """Make every registered cluster's driver and import the Secret Manager client (tokens, SSH
+        keys): no I/O, only the imports (~0.2 s) that a process's first read of every cluster would
+        otherwise pay while holding the GIL (a bot's first /status under a burst; issue 10)."""
+        import ops.gcp.secrets  # noqa: F401
+
+        for cluster in self.registry.clusters.values():
+            self.driver(cluster)
+
     def close(self) -> None:
         """Let go of what reaching heads and clouds holds open (tunnels, channels); clusters are untouched."""
         with self._mutex:

@@ -7,7 +7,7 @@ dashboard once and their acknowledgements do not queue behind 50 threads; an ans
 second ago is the acknowledgement itself, any other is acknowledged at once and followed up
 (`answer_read`); jobs are read as the dashboard's JSON, not through Ray's job client (no Ray in the
 bot's process for a read); and the modules a read needs are imported while the cog loads, before the
-bot says it is ready, not in the middle of the first burst.
+bot says it is ready, not in the middle of the first burst (`Context.warm`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,15 @@ class ReadOnly(commands.Cog):
         self.reads = SharedReads(ttl_s=READ_TTL_S)
 
     async def cog_load(self) -> None:
-        """Import what reads need (in a thread: the loop keeps serving the gateway handshake)."""
-        await asyncio.to_thread(lambda: [importlib.import_module(m) for m in WARM_MODULES])
+        """Import what reads need and make the clusters' drivers (in a thread: the loop keeps serving
+        the gateway handshake)."""
+
+        def warm() -> None:
+            for module in WARM_MODULES:
+                importlib.import_module(module)
+            self.engine.ctx.warm()
+
+        await asyncio.to_thread(warm)
 
     @app_commands.command(name="status", description="Head, workers, jobs by owner, operation in progress")
     @app_commands.describe(cluster="One cluster (all when omitted)")
