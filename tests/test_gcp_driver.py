@@ -671,3 +671,29 @@ def test_a_machine_without_the_key_gets_the_clusters_pair_from_secret_manager(
     [(argv, _, _)] = runner.calls
     assert yaml.safe_load(Path(argv[-1]).read_text())["auth"]["ssh_private_key"] == str(key)
     assert private not in Path(argv[-1]).read_text()
+
+
+def test_a_key_secret_that_cannot_be_read_is_not_asked_again_at_every_read(
+    config_dir: Path, tmp_path: Path
+) -> None:
+    """/status reads every cluster often: a secret that could not be read (no credentials here) is
+    said in the error every time, but asked again only after `key_retry_s`."""
+    key = tmp_path / "keys" / "marin-us-central2.pem"
+    cluster = make_cluster(ssh_key=key).model_copy(update={"ssh_key": SshKeySource(
+        file=str(key), private_secret="marin-us-central2-ssh-private-key")})  # fmt: skip
+    driver = GcpDriver(cluster, runner=Recorder(), config_dir=config_dir, state_dir=tmp_path / "gcp")
+    asked = []
+
+    def reader() -> bytes:
+        asked.append(1)
+        raise PermissionError("no credentials")
+
+    driver.ssh_key_reader = reader
+    for _ in range(3):
+        with pytest.raises(OpsError, match="marin-us-central2-ssh-private-key could not be read"):
+            driver.stop()
+    assert len(asked) == 1
+    driver.key_retry_s = 0.0
+    with pytest.raises(OpsError, match="could not be read"):
+        driver.stop()
+    assert len(asked) == 2 and not key.exists()

@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psutil
 import pytest
 
 from bot.adapters.discord_bot import ClusterBot
-from ops.registry import Cluster
+from ops.registry import REPO_ROOT, Cluster
 from ops.shared_reads import SharedReads
 from tests.fakes.discord_api import CHANNEL_MESSAGE, DEFERRED_CHANNEL_MESSAGE, FakeDiscord, run_bot
 from tests.localray import cont
@@ -117,6 +122,34 @@ def test_fifty_jobs_reads_of_the_local_cluster_make_one_dashboard_call(cluster: 
         results = list(pool.map(lambda _: reads.get(("jobs", cluster.name), read), range(50)))
     assert len(made) == 1 and reads.calls == 1
     assert all(r == results[0] for r in results)
+
+
+WARM_THEN_READ = """
+import json, sys
+from ops.context import Context
+from ops.status import cluster_status
+ctx = Context()
+ctx.warm()
+before = set(sys.modules)
+for cluster in ctx.registry.clusters.values():
+    if cluster.driver == "gcp":
+        cluster_status(ctx, cluster)
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_a_warmed_context_reads_every_gcp_cluster_without_importing_our_modules_or_googles_clients(
+    tmp_path: Path,
+) -> None:
+    """What the bot warms before it says it is ready: the first /status of every cluster then imports
+    none of ops' modules nor Google's client libraries (they held the GIL 0.2 s mid-burst)."""
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "CLUSTERBOT_HOME": str(tmp_path / "cb"),
+           "CLUSTERBOT_STORE": str(tmp_path / "store"), "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", WARM_THEN_READ], env=env, cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    imported = json.loads(out.stdout.splitlines()[-1])
+    assert [m for m in imported if m.startswith(("ops.", "google.cloud", "grpc"))] == []
 
 
 def test_ttl_must_not_be_negative() -> None:

@@ -74,6 +74,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -189,6 +190,10 @@ class GcpDriver:
     # Reads the private half of the cluster's SSH key pair from Secret Manager (set by the Context):
     # a machine without the key file (a new bot deploy) gets the cluster's one pair, never a new one.
     ssh_key_reader: Callable[[], bytes] | None = None
+    # How long a key that could not be read is not asked for again: /status asks on every read, and
+    # each try makes a Secret Manager client (without credentials: a metadata-server probe, ~4 ms of
+    # CPU per cluster; issue 10).
+    key_retry_s: float = 60.0
 
     def __init__(
         self,
@@ -217,6 +222,7 @@ class GcpDriver:
         self.tunnel_open_timeout_s = tunnel_open_timeout_s
         self.head_dashboard_port = head_dashboard_port
         self._head_ip: str | None = None  # reach "internal": the head's address last seen
+        self._key_unread: tuple[float, str] | None = None  # (when, why) the key's secret was not read
 
     @property
     def config_path(self) -> Path:
@@ -451,10 +457,15 @@ class GcpDriver:
         key = self.cluster.ssh_key
         if key is None or key.private_secret is None or self.ssh_key_reader is None:
             return ""
+        if self._key_unread is not None and time.monotonic() - self._key_unread[0] < self.key_retry_s:
+            return self._key_unread[1]
         try:
             data = self.ssh_key_reader()
         except Exception as e:  # no credentials, no such secret: said with the missing file
-            return f" and its secret {key.private_secret} could not be read ({type(e).__name__})"
+            why = f" and its secret {key.private_secret} could not be read ({type(e).__name__})"
+            self._key_unread = (time.monotonic(), why)
+            return why
+        self._key_unread = None
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
