@@ -86,6 +86,7 @@ import yaml
 
 from ops.drivers.tunnel import (
     DEFAULT_TUNNEL_OPEN_TIMEOUT_S,
+    NO_PROXY,
     TAIL_LINES,
     Tunnel,
     answers,
@@ -386,10 +387,8 @@ class GcpDriver:
         token = self.cluster.read_token()
         if token:
             request.add_header("Authorization", f"Bearer {token}")
-        # The dashboard is reached through a local tunnel or the project's network: never a proxy.
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            with opener.open(request, timeout=self.probe_timeout_s) as response:
+            with NO_PROXY.open(request, timeout=self.probe_timeout_s) as response:
                 return response.status == 200
         except urllib.error.HTTPError as e:
             if e.code in (401, 403):

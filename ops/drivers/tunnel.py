@@ -20,6 +20,9 @@ from pathlib import Path
 from ops.registry import REPO_ROOT
 
 TAIL_LINES = 12
+# Dashboards are reached through a local tunnel or the project's network: never an environment proxy.
+# One opener for every probe (building one takes ~0.3 ms of CPU; /status probes every GCP cluster).
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _MAX_LINE = 240
 
 # `ray dashboard` imports Ray, bootstraps the config (GCP API calls unless cached) and opens SSH.
@@ -144,9 +147,8 @@ def tunnel_env() -> dict[str, str]:
 def answers(url: str, timeout: float) -> bool:
     """Whether an HTTP server answers `GET <url>/api/version` at all (any status: a refused token is
     still a dashboard at the end of the tunnel). Never through an environment proxy."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(url.rstrip("/") + "/api/version", timeout=timeout):
+        with NO_PROXY.open(url.rstrip("/") + "/api/version", timeout=timeout):
             return True
     except urllib.error.HTTPError:
         return True
