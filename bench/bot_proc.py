@@ -1,4 +1,4 @@
-"""One bot of the bot benchmark in a process of its own: `python -m bench.bot_proc clusterbot|minimal
+"""One bot of the bot benchmark in a process of its own: `python -m bench.bot_proc clusterbot|minimal[-b]
 COORDS` (COORDS: the fake Discord's JSON line), so that its RSS and start-up are its own.
 
 Prints one JSON line when the bot is ready (import and start-up times), then runs until stdin closes
@@ -19,7 +19,7 @@ READY_TIMEOUT_S = 60.0
 
 
 def build(which: str, coords: dict[str, Any], connector: Any) -> Any:
-    if which == "minimal":
+    if which.startswith("minimal"):  # minimal-b: a second copy of the reference, the noise floor
         from bench.minimal_bot import MinimalBot
 
         return MinimalBot(coords["guild_id"], coords["infra_channel_id"], connector=connector,
@@ -48,7 +48,7 @@ async def run(which: str, coords: dict[str, Any]) -> None:
 
     from tests.fakes.discord_api import FakeDiscordResolver
 
-    if which != "minimal":
+    if not which.startswith("minimal"):
         import bot.adapters.discord_bot  # noqa: F401  # counted as import time, as before
     imported = time.perf_counter()
     connector = aiohttp.TCPConnector(resolver=FakeDiscordResolver(coords["port"]), ssl=False)
