@@ -185,7 +185,7 @@ class ClusterBot(commands.Bot):
             ) from None
         await self.engine.start()  # resumes open operations; may edit their messages (REST works now)
         await self.monitor.start()  # says what it missed if the bot was down; schedules the checks
-        # What start-up made (modules, clients, the registry: ~half a million objects) lives as long as
+        # What start-up made (modules, clients, the registry: ~120,000 objects) lives as long as
         # the bot: out of the collector's sight, a full collection no longer stalls the loop for 20-60 ms
         # in the middle of a burst of clicks (issue 10; measured in bench/bot.py).
         gc.collect()
