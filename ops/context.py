@@ -15,6 +15,7 @@ from this one place, never from a file.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 from functools import cached_property
@@ -25,6 +26,8 @@ from ops.drivers import Driver, driver_for
 from ops.ray_api import RayApi
 from ops.registry import Cluster, Registry, load_registry
 from ops.store import Store, open_store
+
+log = logging.getLogger("clusterbot.context")
 
 if TYPE_CHECKING:
     from ops.gcp.artifacts import ArtifactsApi
@@ -234,11 +237,16 @@ class Context:
     def warm(self) -> None:
         """Make every registered cluster's driver and import the Secret Manager client (tokens, SSH
         keys): no I/O, only the imports (~0.2 s) that a process's first read of every cluster would
-        otherwise pay while holding the GIL (a bot's first /status under a burst; issue 10)."""
+        otherwise pay while holding the GIL (a bot's first /status under a burst; issue 10). A driver
+        that cannot be made is left to the read that needs it, which says why."""
         import ops.gcp.secrets  # noqa: F401
 
         for cluster in self.registry.clusters.values():
-            self.driver(cluster)
+            try:
+                self.driver(cluster)
+            except Exception as e:
+                log.warning("%s: no driver made ahead of its first read: %s: %s", cluster.name,
+                            type(e).__name__, e)  # fmt: skip
 
     def close(self) -> None:
         """Let go of what reaching heads and clouds holds open (tunnels, channels); clusters are untouched."""

@@ -152,6 +152,27 @@ def test_a_warmed_context_reads_every_gcp_cluster_without_importing_our_modules_
     assert [m for m in imported if m.startswith(("ops.", "google.cloud", "grpc"))] == []
 
 
+def test_a_driver_that_cannot_be_made_does_not_stop_the_warm_up() -> None:
+    """The bot warms before it is ready: one cluster whose driver fails is left to its first read."""
+    from ops.context import Context
+    from ops.drivers import driver_for
+    from ops.registry import load_registry
+
+    registry = load_registry()
+    broken = next(iter(registry.clusters))
+
+    def factory(cluster: Cluster):  # noqa: ANN202
+        if cluster.name == broken:
+            raise RuntimeError("no such thing")
+        return driver_for(cluster)
+
+    ctx = Context(registry=registry, driver_factory=factory)
+    ctx.warm()
+    assert set(ctx._drivers) == set(registry.clusters) - {broken}
+    with pytest.raises(RuntimeError, match="no such thing"):
+        ctx.driver(registry.clusters[broken])
+
+
 def test_ttl_must_not_be_negative() -> None:
     with pytest.raises(ValueError):
         SharedReads(ttl_s=-1)
