@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ops import gcs_snapshot
-from ops.errors import OpsError
+from ops.errors import BadInput, OpsError
 
 if TYPE_CHECKING:
     from ops.ray_api import RayApi
@@ -121,7 +121,12 @@ def wait_for_handoff(api: RayApi, sid: str, timeout: float) -> tuple[str, str]:
     deadline = time.monotonic() + timeout
     node_id = None
     while True:
-        status = api.status(sid)
+        try:
+            status = api.status(sid)
+        except BadInput:  # a refused token: looking again will not change it
+            raise
+        except OpsError:  # no answer this time: the deadline bounds the looking
+            status = None
         logs = "" if status in (None, "PENDING") else _job_logs(api, sid)
         for line in logs.splitlines():
             if line.startswith(gcs_snapshot.FAILED_MARKER):

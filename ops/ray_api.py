@@ -43,6 +43,14 @@ class TokenRefused(BadInput):
     """The dashboard answered 401/403: a head is running and our token is wrong or missing."""
 
 
+class DashboardAnswered(OpsError):
+    """The dashboard answered with an HTTP error other than 401/403: `http_code` says which."""
+
+    def __init__(self, reason: str, http_code: int) -> None:
+        super().__init__(reason)
+        self.http_code = http_code
+
+
 class RayApi:
     def __init__(
         self, cluster: Cluster, url: str | None = None, token: Callable[[], str | None] | None = None
@@ -85,7 +93,7 @@ class RayApi:
     def _http_error(self, code: int, path: str) -> OpsError:
         if code in (401, 403):
             return self.token_refused(code)
-        return OpsError(f"the {self.cluster.name} dashboard answered HTTP {code} to {path}")
+        return DashboardAnswered(f"the {self.cluster.name} dashboard answered HTTP {code} to {path}", code)
 
     def token_refused(self, code: int) -> TokenRefused:
         source = self.cluster.token
@@ -217,11 +225,20 @@ class RayApi:
     def stop(self, submission_id: str) -> bool:
         return self.jobs.stop_job(submission_id)
 
-    def status(self, submission_id: str) -> str | None:
+    def status(self, submission_id: str, timeout: float = HTTP_TIMEOUT_S) -> str | None:
+        """The job's status (RUNNING, FAILED...); None only when the dashboard answered that it knows
+        no such job (HTTP 404). A dashboard that does not answer raises OpsError: it has not said the
+        job is gone, and a restart must never read it as gone."""
         try:
-            return str(self.jobs.get_job_status(submission_id).value)
-        except Exception:
-            return None
+            got = self._get(f"/api/jobs/{urllib.parse.quote(submission_id, safe='')}", timeout)
+        except DashboardAnswered as e:
+            if e.http_code == 404:
+                return None
+            raise
+        status = (got or {}).get("status")
+        if not status:
+            raise OpsError(f"the {self.cluster.name} dashboard gave no status for job {submission_id}")
+        return str(status)
 
     def upload_package(self, uri: str, data: bytes) -> None:
         """Put a working_dir package back into the cluster's GCS through the dashboard."""

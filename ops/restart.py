@@ -700,7 +700,11 @@ class RestartRun:
                 if self.api.reachable() or self.driver.head_exists() is False:
                     self._head_died()
                 seen_since = time.monotonic()  # cannot see it: it has not been seen staying up
-            bad, waiting = self._job_states() if head is not None else ({}, [])
+            try:
+                bad, waiting = self._job_states() if head is not None else ({}, [])
+            except OpsError:  # the dashboard stopped answering after it showed the head: look again
+                head, bad, waiting = None, {}, []
+                seen_since = time.monotonic()
             if bad:
                 self._jobs_failed(bad)
             now = time.monotonic()
@@ -721,7 +725,8 @@ class RestartRun:
         self._advance(Step.DONE, t, finished_at=datetime.now(UTC), error=None)
 
     def _job_states(self) -> tuple[dict[str, str], list[str]]:
-        """(resubmitted jobs that ended or vanished -> why, jobs still pending with no resources asked)."""
+        """(resubmitted jobs that ended or vanished -> why, jobs still pending with no resources asked).
+        OpsError when the dashboard cannot be asked: that says nothing of the jobs."""
         bad: dict[str, str] = {}
         waiting: list[str] = []
         for x in self.record.resubmitted.values():

@@ -242,6 +242,27 @@ def _raylet(cluster: Cluster) -> psutil.Process:
     raise AssertionError("the local head's raylet was not found")
 
 
+def test_a_job_status_the_dashboard_does_not_give_is_not_gone(cluster: Cluster) -> None:
+    """Only the dashboard's "no such job" (404) is gone; a dashboard that does not answer, stalled or
+    down, says nothing of the job: the restart's settle must not call the job gone on it."""
+    api = RayApi(cluster)
+    sid = api.submit(entrypoint="true")
+    wait_for(lambda: api.status(sid) == "SUCCEEDED", 60, "the job to end")
+    assert api.status("raysubmit_never_submitted") is None
+
+    dashboard = dashboard_process(cluster)
+    dashboard.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(OpsError, match="cannot reach"):
+            api.status(sid, timeout=1)
+    finally:
+        cont(dashboard)
+    down = RayApi(cluster, url=f"http://127.0.0.1:{_unused_port()}")
+    with pytest.raises(OpsError, match="cannot reach"):
+        down.status(sid)
+    assert api.status(sid) == "SUCCEEDED"
+
+
 def test_a_head_that_dies_after_the_resubmission_is_not_done(
     ops_env: Env, cluster: Cluster, tmp_path: Path
 ) -> None:
