@@ -18,7 +18,9 @@ cmd=${1:-run}
 shift || true
 case "$cmd" in
   run)   exec .venv/bin/python -m bot "$@" ;;
-  test)  .venv/bin/ruff check . && .venv/bin/ruff format --check . && exec .venv/bin/pytest "$@" ;;
+  # Two test processes (pytest-xdist), a file each at a time: most of the suite waits on Ray heads
+  # starting and stopping, and each process has its own local cluster on ports of its own.
+  test)  .venv/bin/ruff check . && .venv/bin/ruff format --check . && exec .venv/bin/pytest -n 2 --dist loadfile "$@" ;;
   bench) exec .venv/bin/python -m bench "$@" ;;
   ops)   exec .venv/bin/python -m ops "$@" ;;
   *) echo "usage: bash dev.sh run|test|bench|ops ..." >&2; exit 2 ;;

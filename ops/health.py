@@ -235,11 +235,14 @@ def short_since(snap: Snapshot, history: list[Point], limits: HealthThresholds) 
 
 
 def churn(snap: Snapshot, limits: HealthThresholds) -> list[Death]:
-    """Workers that died within `churn_within_min` of joining, during the last `churn_lookback_min`."""
+    """Workers that died within `churn_within_min` of joining, during the last `churn_lookback_min`; not
+    those Ray ended on purpose (an idle node drained by the autoscaler is scaling down, not churn)."""
     start = snap.at - timedelta(minutes=limits.churn_lookback_min)
     within = timedelta(minutes=limits.churn_within_min)
     return [
-        d for d in snap.deaths if d.started and d.ended and d.ended >= start and d.ended - d.started <= within
+        d
+        for d in snap.deaths
+        if d.started and d.ended and d.ended >= start and d.ended - d.started <= within and not d.on_purpose
     ]
 
 
@@ -274,6 +277,7 @@ def judge(snap: Snapshot, history: list[Point], limits: HealthThresholds) -> Hea
         ]
         lines += [
             f"{d.worker_type} {d.node_id[:12]} lived {_minutes(d.ended - d.started)}, died {_hm(d.ended)}"
+            + (f" ({d.reason[:80]})" if d.reason else "")
             for d in churned[-5:]
             if d.started and d.ended
         ]

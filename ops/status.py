@@ -49,13 +49,24 @@ def _worker_type(node: dict[str, Any]) -> str | None:
     return None if resources.get("TPU") else "cpu"
 
 
+# How Ray's state API says a node was ended on purpose (`state_message`, from its death info): the
+# autoscaler draining an idle node, or a node stopped as asked. Such a death is scaling, not churn.
+ENDED_ON_PURPOSE = ("Terminated due to idle", "Expected termination")
+
+
 class Death(BaseModel):
-    """A worker Ray saw die: when it joined and when it went (the state API's node times)."""
+    """A worker Ray saw die: when it joined and when it went (the state API's node times), and why
+    when Ray says (its `state_message`: "Unexpected termination: ...", "Terminated due to preemption")."""
 
     worker_type: str
     node_id: str
     started: datetime | None = None
     ended: datetime | None = None
+    reason: str | None = None
+
+    @property
+    def on_purpose(self) -> bool:
+        return (self.reason or "").startswith(ENDED_ON_PURPOSE)
 
 
 class Workers(BaseModel):
@@ -95,6 +106,7 @@ def count_workers(nodes: list[dict[str, Any]]) -> Workers:
                     node_id=node_id,
                     started=_when(node.get("start_time_ms")),
                     ended=_when(node.get("end_time_ms")),
+                    reason=node.get("state_message") or None,
                 )
             )
     out.alive = dict(alive)

@@ -44,15 +44,24 @@ HEAD_BLOCKS = range(12000, 20000, 50)  # 7 ports each
 WORKER_BLOCKS = range(21000, 32500, 500)  # 500 ports each (Ray skips a worker port found taken)
 
 
+def _xdist_share(blocks: range) -> list[int]:
+    """This pytest-xdist worker's share of `blocks` (every block without xdist): the workers of one
+    run never draw the same block, so their heads never meet, even in their workers' port ranges."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return [b for i, b in enumerate(blocks) if i % count == worker % count]
+
+
 def free_ports() -> dict[str, int]:
     """Ports for one session's head: its own block, so parallel test sessions never share a head."""
     rng = random.Random(os.getpid() ^ time.time_ns())
     names = ["gcs", "dashboard", "dashboard_agent_listen", "dashboard_agent_grpc", "metrics_export",
              "runtime_env_agent", "ray_client_server"]  # fmt: skip
+    head_blocks, worker_blocks = _xdist_share(HEAD_BLOCKS), _xdist_share(WORKER_BLOCKS)
     for _ in range(200):
-        base = rng.choice(HEAD_BLOCKS)
+        base = rng.choice(head_blocks)
         ports = {name: base + i for i, name in enumerate(names)}
-        workers = rng.choice(WORKER_BLOCKS)
+        workers = rng.choice(worker_blocks)
         if all(_free(p) for p in ports.values()) and _free(workers):
             return ports | {"min_worker": workers, "max_worker": workers + 499}
     raise RuntimeError("no free block of ports for the test cluster")

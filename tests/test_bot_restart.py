@@ -99,6 +99,7 @@ async def test_bob_asks_not_to_resubmit_his_job_and_the_report_says_so(
         clock.advance(WINDOWS.grace_s)
         await engine.tick()
         await until(lambda: engine.ops[op_id].state in (State.DONE, State.FAILED), timeout=240)
+        await engine.wait_executing(30)  # its report is posted after its state is saved
     finally:
         await engine.close()
     op = engine.ops[op_id]
@@ -157,6 +158,7 @@ async def test_a_head_that_stops_answering_before_execution_fails_the_restart_an
         clock.advance(WINDOWS.grace_s)
         await engine.tick()
         await until(lambda: engine.ops[op_id].state in (State.DONE, State.FAILED), timeout=60)
+        await engine.wait_executing(30)  # its report is posted after its state is saved
     finally:
         dashboard.send_signal(signal.SIGCONT)
         await engine.close()

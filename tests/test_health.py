@@ -149,6 +149,21 @@ def test_workers_dying_soon_after_joining_is_churning() -> None:
     later = T0 + timedelta(minutes=75)  # the first death left the 60-min lookback
     assert judge(snap(at=later, workers={"v4-8": 2}, deaths=quick), [], LIMITS).verdict == Verdict.HEALTHY
 
+    # Why Ray says they died: idle nodes the autoscaler drained are scaling down, not churn.
+    def why(node: dict, message: str) -> dict:
+        return {**node, "state_message": message}
+
+    idle = "Terminated due to idle (no Ray activity): idle for 60 s"
+    drained = count_workers([why(death(0, 4), idle), death(10, 8), why(death(20, 2), "Expected termination")])
+    assert (
+        judge(snap(at=now, workers={"v4-8": 2}, deaths=drained.deaths), [], LIMITS).verdict == Verdict.HEALTHY
+    )
+    lost = count_workers([why(death(0, 4), "Terminated due to preemption"), death(10, 8),
+                          why(death(20, 2), "Unexpected termination: health check failed")])  # fmt: skip
+    churning = judge(snap(at=now, workers={"v4-8": 2}, deaths=lost.deaths), [], LIMITS)
+    assert churning.verdict == Verdict.CHURNING
+    assert any("(Unexpected termination: health check failed)" in line for line in churning.evidence)
+
 
 def test_head_down_token_refused_and_unknown_come_from_what_could_be_read() -> None:
     down = judge(snap(head_up=False, reach="unreachable", errors={"ray": "connection refused"}), [], LIMITS)

@@ -185,6 +185,7 @@ async def test_rotate_token_in_chat_asks_bob_and_reports_the_new_version(
         clock.advance(WINDOWS.grace_s)
         await engine.tick()
         await until(lambda: engine.ops[op_id].state in (State.DONE, State.FAILED), timeout=240)
+        await engine.wait_executing(30)  # its report is posted after its state is saved
     finally:
         await engine.close()
     assert engine.ops[op_id].state == State.DONE, engine.ops[op_id].error
