@@ -10,6 +10,7 @@ it could not keep.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import time
 import urllib.error
@@ -25,6 +26,9 @@ from ops.gcs_reader import SNAPSHOT_PREFIX, read_gcs, read_via_job
 from ops.registry import Cluster
 
 HTTP_TIMEOUT_S = 10.0
+# Ray's job client, per request (connect, and each wait for bytes): generous, as a submission waits for
+# the head's job agent, but bounded.
+JOB_CLIENT_TIMEOUT_S = 60.0
 PROBE_PREFIX = "clusterbot-probe-"  # readiness probes and snapshot jobs: never shown as jobs
 assert SNAPSHOT_PREFIX.startswith(PROBE_PREFIX), "snapshot jobs must be hidden from job lists"
 
@@ -202,11 +206,11 @@ class RayApi:
     # -- jobs -------------------------------------------------------------------------------------
     @property
     def jobs(self):  # noqa: ANN201 - ray.job_submission.JobSubmissionClient
+        """Ray's job client, every request of it bounded by JOB_CLIENT_TIMEOUT_S (Ray's has no timeout:
+        a stalled dashboard would hold a restart, and its lock, for ever)."""
         if self._jobs is None:
-            from ray.job_submission import JobSubmissionClient
-
             try:
-                self._jobs = JobSubmissionClient(self.url, headers=self.headers)
+                self._jobs = _bounded_job_client()(self.url, headers=self.headers)
             except Exception as e:  # ConnectionError, or Ray's own on 401/403
                 raise self._unreachable(e) from None
         return self._jobs
@@ -297,3 +301,17 @@ class RayApi:
 def _short(e: BaseException | None) -> str:
     text = str(e or "unknown error").strip().splitlines()
     return text[-1][:300] if text else type(e).__name__
+
+
+@functools.cache
+def _bounded_job_client() -> type:
+    """JobSubmissionClient with a timeout on every request it makes (it passes `**kwargs` of its one
+    `_do_request` to `requests.request`). Made on first use: importing Ray's client costs 0.3 s."""
+    from ray.job_submission import JobSubmissionClient
+
+    class BoundedJobSubmissionClient(JobSubmissionClient):
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            kwargs.setdefault("timeout", JOB_CLIENT_TIMEOUT_S)
+            return super()._do_request(method, endpoint, **kwargs)
+
+    return BoundedJobSubmissionClient

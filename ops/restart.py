@@ -559,7 +559,11 @@ class RestartRun:
         workers = readd_workers(self.ctx, self.cluster, self.progress, new_token=rotated)
         for line in workers:
             self.progress(line)
-        self._advance(Step.CLUSTER_STARTED, t, head_node=self._head_node(), workers=workers)
+        try:
+            head_node = self._head_node()
+        except OpsError:
+            head_node = None  # not known: settle then judges the head by what it sees
+        self._advance(Step.CLUSTER_STARTED, t, head_node=head_node, workers=workers)
 
     def _switch_token(self) -> None:
         """A rotation: the old head is stopped, so the cluster's pin moves to the new version (the record
@@ -601,11 +605,9 @@ class RestartRun:
             self.progress(tokens.report_lines(self.cluster.name, rotation)[0])
 
     def _head_node(self) -> str | None:
-        """The id of the head node, alive (None when the dashboard cannot say)."""
-        try:
-            nodes = self.api.nodes()
-        except OpsError:
-            return None
+        """The id of the alive head node; None when Ray's nodes show none alive. OpsError when they
+        cannot be read (a timeout, a 5xx): that says nothing of the head."""
+        nodes = self.api.nodes()
         alive = [n for n in nodes if n.get("is_head_node") and n.get("state") == "ALIVE"]
         return alive[0].get("node_id") if alive else None
 
@@ -636,7 +638,15 @@ class RestartRun:
         previous = self.record.resubmitted
 
         def one(job: BackedUpJob) -> Resubmission:
-            attempt = previous[job.submission_id].attempt + 1 if job.submission_id in previous else 1
+            last = previous.get(job.submission_id)
+            if last is not None:  # its last attempt failed, or seemed to: a submission whose answer was lost
+                try:
+                    if self.api.status(last.new_id) in ("PENDING", "RUNNING", "SUCCEEDED"):
+                        return last.model_copy(update={"status": "submitted", "error": None})
+                except OpsError as e:  # cannot tell: no new attempt beside one that may be running
+                    why = f"{last.new_id} could not be checked: {e.reason}"
+                    return last.model_copy(update={"error": why})
+            attempt = last.attempt + 1 if last is not None else 1
             new_id = resubmitted_id(job.submission_id, self.record.op_id, attempt)
             entry = Resubmission(old_id=job.submission_id, new_id=new_id, owner=job.owner, attempt=attempt)
             try:
@@ -693,11 +703,15 @@ class RestartRun:
         seen_since = t  # the head has been seen alive, as the same node, since then
         limit = t + 4 * self.settings.settle_s + 30
         while True:
-            head = self._head_node()
+            try:
+                head, answered = self._head_node(), True
+            except OpsError:  # Ray's nodes could not be read this time: neither alive nor dead
+                head, answered = None, False
             if head is not None and self.record.head_node not in (None, head):
                 self._head_died()
             if head is None:
-                if self.api.reachable() or self.driver.head_exists() is False:
+                # Dead only on Ray's word (the nodes answered: no head alive) or the driver's (no head).
+                if answered or self.driver.head_exists() is False:
                     self._head_died()
                 seen_since = time.monotonic()  # cannot see it: it has not been seen staying up
             try:

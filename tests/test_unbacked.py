@@ -18,13 +18,22 @@ from ops import journal
 from ops.context import Context
 from ops.drivers.gcp import GcpDriver, RunResult
 from ops.errors import OpsError, Refused
-from ops.jobs import active_jobs
+from ops.jobs import BackedUpJob, active_jobs, resubmitted_id
 from ops.locks import current_lock
 from ops.ray_api import RayApi
 from ops.registry import DEFAULT_REGISTRY, Cluster, SshKeySource, load_registry
-from ops.restart import Settings, Step, find_record, plan_restart, resume_restart, start_restart
+from ops.restart import (
+    Settings,
+    Step,
+    _record_key,
+    find_record,
+    load_record,
+    plan_restart,
+    resume_restart,
+    start_restart,
+)
 from ops.sim.server import SimServer
-from ops.store import LocalStore, open_store
+from ops.store import LocalStore, dump, open_store
 from tests.localray import Env, cont, dashboard_process, wait_for
 from tests.test_restart import check_survived, stage_jobs
 
@@ -242,19 +251,27 @@ def _raylet(cluster: Cluster) -> psutil.Process:
     raise AssertionError("the local head's raylet was not found")
 
 
-def test_a_job_status_the_dashboard_does_not_give_is_not_gone(cluster: Cluster) -> None:
+def test_a_job_status_the_dashboard_does_not_give_is_not_gone(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only the dashboard's "no such job" (404) is gone; a dashboard that does not answer, stalled or
-    down, says nothing of the job: the restart's settle must not call the job gone on it."""
+    down, says nothing of the job: the restart's settle must not call the job gone on it. And Ray's
+    job client, which has no timeout of its own, gives up on a stalled dashboard."""
     api = RayApi(cluster)
     sid = api.submit(entrypoint="true")
     wait_for(lambda: api.status(sid) == "SUCCEEDED", 60, "the job to end")
     assert api.status("raysubmit_never_submitted") is None
 
+    monkeypatch.setattr("ops.ray_api.JOB_CLIENT_TIMEOUT_S", 1.0)
     dashboard = dashboard_process(cluster)
     dashboard.send_signal(signal.SIGSTOP)
     try:
         with pytest.raises(OpsError, match="cannot reach"):
             api.status(sid, timeout=1)
+        with pytest.raises(OpsError, match="cannot list jobs"):
+            api.list_jobs()  # its client was made before the stall
+        with pytest.raises(OpsError, match="cannot reach"):
+            RayApi(cluster).jobs  # noqa: B018 - making a client asks the dashboard's version
     finally:
         cont(dashboard)
     down = RayApi(cluster, url=f"http://127.0.0.1:{_unused_port()}")
@@ -346,6 +363,47 @@ def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_on_resume(
     (again,) = result.resubmitted
     assert again.attempt == 2 and again.new_id.endswith("-2")
     assert RayApi(cluster).status(again.new_id) == "RUNNING"
+
+
+def test_a_resubmission_whose_answer_was_lost_is_not_made_again_on_resume(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    """dan's second attempt went through but its answer was lost (the record says failed): the resume
+    finds that attempt running and takes it, rather than a third copy of his job beside it."""
+    flag = tmp_path / "input-ready"
+    flag.write_text("")
+    api = RayApi(cluster)
+    sid = api.submit(entrypoint=f"sh -c 'sleep 2; test -f {flag} && sleep 900'", metadata={"user": "dan"})
+    wait_for(lambda: api.status(sid) == "RUNNING", 60, "dan's job to run")
+    store = open_store()
+
+    def progress(line: str) -> None:
+        if line.startswith("resubmitted"):
+            flag.unlink()  # attempt 1 exits 1 on the new head
+
+    run = start_restart(Context(store), cluster, "dan", True, Settings(settle_s=5), progress)
+    with pytest.raises(OpsError, match="did not keep running"):
+        run.run()
+    flag.write_text("")
+    record, version = load_record(store, "local", run.record.op_id)
+    # Attempt 2 as a resume submitted it, the answer lost on the way back: failed, says the record.
+    backup = BackedUpJob.model_validate_json(store.read(f"{record.scope}/jobs/{sid}.json").data)
+    second = resubmitted_id(sid, record.op_id, 2)
+    RayApi(cluster).submit(**backup.submit_kwargs(second, record.op_id))
+    lost = record.resubmitted[sid].model_copy(
+        update={"new_id": second, "attempt": 2, "error": "connection reset by peer"}
+    )
+    store.replace(_record_key("local", record.op_id), dump(record.model_copy(
+        update={"resubmitted": {sid: lost}})), version)  # fmt: skip
+
+    result = resume_restart(Context(store), cluster, "dan", Settings(settle_s=3)).run()
+
+    (taken,) = result.resubmitted
+    assert result.step == Step.DONE and taken.new_id == second and taken.attempt == 2
+    copies = [d.submission_id for d in RayApi(cluster).list_jobs()
+              if (d.metadata or {}).get("clusterbot_resubmitted_from") == sid]  # fmt: skip
+    assert sorted(copies) == sorted([resubmitted_id(sid, record.op_id, 1), second])  # no third
+    assert RayApi(cluster).status(second) == "RUNNING"
 
 
 def test_a_gcp_cluster_this_machine_cannot_reach_at_all_is_given_back(
