@@ -8,7 +8,10 @@ import os
 import signal
 import socket
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
@@ -17,6 +20,7 @@ import pytest
 from ops import journal
 from ops.context import Context
 from ops.drivers.gcp import GcpDriver, RunResult
+from ops.drivers.tunnel import NO_PROXY
 from ops.errors import OpsError, Refused
 from ops.jobs import BackedUpJob, active_jobs, resubmitted_id
 from ops.locks import current_lock
@@ -278,6 +282,79 @@ def test_a_job_status_the_dashboard_does_not_give_is_not_gone(
     with pytest.raises(OpsError, match="cannot reach"):
         down.status(sid)
     assert api.status(sid) == "SUCCEEDED"
+
+
+class _Forwarder(ThreadingHTTPServer):
+    """An HTTP hop in front of the real dashboard that answers 503 to paths starting with `failing`:
+    a state API that errs (a 429, a 500, a timeout) while the rest of the dashboard answers."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Forward)
+        self.target, self.failing, self.refused = target.rstrip("/"), "", 0
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Forward(BaseHTTPRequestHandler):
+    server: _Forwarder
+
+    def _forward(self) -> None:
+        hop = self.server
+        if hop.failing and self.path.startswith(hop.failing):
+            hop.refused += 1
+            self.send_error(503)
+            return
+        size = int(self.headers.get("Content-Length") or 0)
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+        req = urllib.request.Request(hop.target + self.path, data=self.rfile.read(size) if size else None,
+                                     headers=headers, method=self.command)  # fmt: skip
+        try:
+            with NO_PROXY.open(req, timeout=60) as resp:
+                code, body, kind = resp.status, resp.read(), resp.headers.get("Content-Type")
+        except urllib.error.HTTPError as e:
+            code, body, kind = e.code, e.read(), e.headers.get("Content-Type")
+        except OSError:  # the head is down (being restarted): as the dashboard's absence looks
+            self.send_error(502)
+            return
+        self.send_response(code)
+        self.send_header("Content-Type", kind or "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _forward
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_head_whose_nodes_cannot_be_read_for_a_while_is_not_taken_for_dead(
+    ops_env: Env, cluster: Cluster
+) -> None:
+    """After the resubmission, Ray's state API errs for 8 s while the dashboard answers: the settle
+    looks again (it is neither alive nor dead), then sees the head stay up. Read as dead, the restart
+    would go back to starting the cluster, and on GCP its `ray up` stops the jobs just resubmitted."""
+    api = RayApi(cluster)
+    sid = api.submit(entrypoint="sleep 900", metadata={"user": "erin"})
+    wait_for(lambda: api.status(sid) == "RUNNING", 60, "erin's job to run")
+    hop = _Forwarder(cluster.dashboard_url)
+    threading.Thread(target=hop.serve_forever, daemon=True).start()
+
+    def progress(line: str) -> None:
+        if line.startswith("resubmitted") and not hop.failing:
+            hop.failing = "/api/v0/nodes"
+            threading.Timer(8.0, lambda: setattr(hop, "failing", "")).start()
+
+    try:
+        seen = cluster.model_copy(update={"dashboard_url": hop.url})
+        run = start_restart(Context(open_store()), seen, "erin", True, Settings(settle_s=3), progress)
+        result = run.run()
+    finally:
+        hop.shutdown()
+        hop.server_close()
+    assert result.step == Step.DONE and hop.refused > 0
+    (back,) = result.resubmitted
+    assert api.status(back.new_id) == "RUNNING"
+    assert "head_died" not in [e["event"] for e in journal.read(open_store(), run.record.scope)]
 
 
 def test_a_head_that_dies_after_the_resubmission_is_not_done(
