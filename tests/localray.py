@@ -9,6 +9,7 @@ Import the fixtures in a test module with `from tests.localray import local_clus
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import random
@@ -44,27 +45,40 @@ HEAD_BLOCKS = range(12000, 20000, 50)  # 7 ports each
 WORKER_BLOCKS = range(21000, 32500, 500)  # 500 ports each (Ray skips a worker port found taken)
 
 
-def _xdist_share(blocks: range) -> list[int]:
-    """This pytest-xdist worker's share of `blocks` (every block without xdist): the workers of one
-    run never draw the same block, so their heads never meet, even in their workers' port ranges."""
-    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return [b for i, b in enumerate(blocks) if i % count == worker % count]
+LOCKS_DIR = Path("/tmp/clusterbot-test-ports")
+_held: list[Any] = []  # the lock files of this session's blocks, open until the process ends
+
+
+def _claim(kind: str, block: int) -> bool:
+    """Hold `block` for this process (an exclusive flock, let go when the process ends): two test
+    sessions on one machine, xdist workers or runs side by side, never draw the same block, even where
+    nothing listens yet (a head's worker range is bound only as its workers start)."""
+    LOCKS_DIR.mkdir(exist_ok=True)
+    f = open(LOCKS_DIR / f"{kind}-{block}", "a")  # noqa: SIM115 - held for the session
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return False
+    _held.append(f)
+    return True
 
 
 def free_ports() -> dict[str, int]:
-    """Ports for one session's head: its own block, so parallel test sessions never share a head."""
+    """Ports for one session's head: blocks of its own, so parallel test sessions never share a head."""
     rng = random.Random(os.getpid() ^ time.time_ns())
     names = ["gcs", "dashboard", "dashboard_agent_listen", "dashboard_agent_grpc", "metrics_export",
              "runtime_env_agent", "ray_client_server"]  # fmt: skip
-    head_blocks, worker_blocks = _xdist_share(HEAD_BLOCKS), _xdist_share(WORKER_BLOCKS)
-    for _ in range(200):
-        base = rng.choice(head_blocks)
-        ports = {name: base + i for i, name in enumerate(names)}
-        workers = rng.choice(worker_blocks)
-        if all(_free(p) for p in ports.values()) and _free(workers):
-            return ports | {"min_worker": workers, "max_worker": workers + 499}
-    raise RuntimeError("no free block of ports for the test cluster")
+    head_blocks, worker_blocks = list(HEAD_BLOCKS), list(WORKER_BLOCKS)
+    rng.shuffle(head_blocks)
+    rng.shuffle(worker_blocks)
+    size = len(names)
+    base = next((b for b in head_blocks if all(_free(b + i) for i in range(size)) and _claim("head", b)), 0)
+    workers = next((b for b in worker_blocks if _free(b) and _claim("workers", b)), 0)
+    if not base or not workers:
+        raise RuntimeError("no free block of ports for the test cluster")
+    ports = {name: base + i for i, name in enumerate(names)}
+    return ports | {"min_worker": workers, "max_worker": workers + 499}
 
 
 LEASE_S = 3.0
