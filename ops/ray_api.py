@@ -201,7 +201,9 @@ class RayApi:
         """Every job as the dashboard lists it (`/api/jobs/`), bounded by `timeout`: for reads that must
         not hang (health), where the job client has no timeout of its own."""
         got = self._get("/api/jobs/", timeout)
-        return got if isinstance(got, list) else []
+        if not isinstance(got, list):  # an empty or odd 200 (a proxy's page): not "no jobs"
+            raise OpsError(f"the {self.cluster.name} dashboard's job list is not one: {str(got)[:80]}")
+        return got
 
     # -- jobs -------------------------------------------------------------------------------------
     @property

@@ -327,6 +327,35 @@ class _Forward(BaseHTTPRequestHandler):
         pass
 
 
+class _OddDashboard(BaseHTTPRequestHandler):
+    """200 to everything with the server's `body`: empty, or a page that is no job list (a proxy)."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        body: bytes = self.server.body  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("body", [b"", b'{"detail": "signed out"}'])
+def test_a_job_list_that_is_not_one_is_not_no_jobs(gcp_cluster: Cluster, body: bytes) -> None:
+    """A backup that read "no jobs" from it would stop everyone's jobs with nothing kept."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OddDashboard)
+    server.body = body  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api = RayApi(gcp_cluster, url=f"http://127.0.0.1:{server.server_address[1]}")
+        with pytest.raises(OpsError, match="job list is not one"):
+            active_jobs(api)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_head_whose_nodes_cannot_be_read_for_a_while_is_not_taken_for_dead(
     ops_env: Env, cluster: Cluster
 ) -> None:
