@@ -222,6 +222,8 @@ def short_since(snap: Snapshot, history: list[Point], limits: HealthThresholds) 
     since = snap.at
     gap = timedelta(minutes=limits.stuck_after_min)
     for point in sorted((p for p in history if p.at < snap.at), key=lambda p: p.at, reverse=True):
+        if point.verdict == Verdict.UNKNOWN:
+            continue  # a check that could not read the cluster says nothing either way
         if not point.short:
             break
         if since - point.at > gap:
@@ -248,8 +250,8 @@ def churn(snap: Snapshot, limits: HealthThresholds) -> list[Death]:
 
 def judge(snap: Snapshot, history: list[Point], limits: HealthThresholds) -> Health:
     """The verdict, the facts that led to it, and one action. Rules in order: head-down, token-refused,
-    churning, stuck on dead VMs, unknown (Ray unread), stuck for too long, degraded, healthy (unknown when
-    the cloud was not read and nothing else is certain)."""
+    churning, stuck on dead VMs, unknown (the dashboard, Ray's nodes or the autoscaler unread), stuck for
+    too long, degraded, healthy (unknown when the cloud was not read and nothing else is certain)."""
     c = snap.cluster
     counts = f"{snap.alive} worker(s) alive (min {snap.min_workers}, max {snap.max_workers})"
     errors = [f"{source} not read: {why}" for source, why in sorted(snap.errors.items())]
@@ -312,6 +314,13 @@ def judge(snap: Snapshot, history: list[Point], limits: HealthThresholds) -> Hea
                 else "the driver cannot tell whether a head is running",
             ],
             f"check the head or this machine's way to it: python -m ops status --cluster {c}",
+        )
+    unread = [source for source in ("ray nodes", "autoscaler") if source in snap.errors]
+    if unread:  # no worker count, or no word of what is wanted: stuck, degraded and healthy all unknown
+        return verdict(
+            Verdict.UNKNOWN,
+            [*errors, counts if "ray nodes" not in unread else "workers not counted"],
+            f"check again; if it lasts, look at the head: python -m ops status --cluster {c}",
         )
     wanting = _wanting(snap)
     if snap.short:

@@ -118,6 +118,22 @@ def test_head_only_with_failing_launches_is_stuck_only_after_the_threshold() -> 
     assert judge(snap(at=T0, deaths=died, **wanting), gap, LIMITS).verdict == Verdict.DEGRADED
 
 
+def test_a_ray_read_that_failed_is_unknown_never_stuck_healthy_or_a_gap_in_a_stuck_run() -> None:
+    """The dashboard answered but its state API or the autoscaler's report did not: without a worker
+    count, head only is not shown; without the report, "nothing wanted" is not shown. Unknown, which
+    resolves no alert, and which a run of short checks steps over."""
+    nodes_unread = judge(snap(workers={}, errors={"ray nodes": "HTTP 500"}), [], LIMITS)
+    assert nodes_unread.verdict == Verdict.UNKNOWN and "workers not counted" in nodes_unread.evidence
+    report_unread = judge(snap(workers={"v4-8": 2}, errors={"autoscaler": "no answer in time"}), [], LIMITS)
+    assert report_unread.verdict == Verdict.UNKNOWN and any("autoscaler" in e for e in report_unread.evidence)
+
+    wanting = dict(workers={}, demand=["{'TPU-v4-8-head': 1} * 2"], failed_launches=["tpu-v4-8: stock-out"])
+    points = [Point(at=T0 + timedelta(minutes=m), alive=0, verdict=Verdict.DEGRADED, short=True)
+              for m in range(0, 30, 5)]  # fmt: skip
+    points[3] = Point(at=T0 + timedelta(minutes=15), alive=0, verdict=Verdict.UNKNOWN, short=False)
+    assert judge(snap(at=T0 + timedelta(minutes=31), **wanting), points, LIMITS).verdict == Verdict.STUCK
+
+
 def test_below_min_without_wanting_is_degraded_and_at_min_is_healthy() -> None:
     assert judge(snap(workers={"v4-8": 1}), [], LIMITS).verdict == Verdict.DEGRADED
     ok = judge(snap(workers={"v4-8": 2}, preempted=["vm-1"]), [], LIMITS)
