@@ -45,14 +45,17 @@ def render_status(s: StatusReport) -> str:
         head = "head: up"
     alive = sum(s.workers.values())
     by_type = ", ".join(f"{t}: {n}" for t, n in sorted(s.workers.items())) or "none"
-    lines = [
-        f"{s.cluster}  {head}",
-        f"workers: {alive} alive ({by_type}), min {s.min_workers}, max {s.max_workers}"
-        + (f", {s.dead_workers} dead" if s.dead_workers else ""),
-        f"jobs: {sum(1 for j in s.jobs if j.status == 'RUNNING')} running, "
-        f"{sum(1 for j in s.jobs if j.status == 'PENDING')} pending; by owner: {owners_line(s.jobs)}",
-        f"operation in progress: {s.operation or 'none'}",
-    ]
+    lines = [f"{s.cluster}  {head}"]
+    if s.head_up:
+        lines += [
+            f"workers: {alive} alive ({by_type}), min {s.min_workers}, max {s.max_workers}"
+            + (f", {s.dead_workers} dead" if s.dead_workers else ""),
+            f"jobs: {sum(1 for j in s.jobs if j.status == 'RUNNING')} running, "
+            f"{sum(1 for j in s.jobs if j.status == 'PENDING')} pending; by owner: {owners_line(s.jobs)}",
+        ]
+    else:  # nothing read is not nothing there: its jobs may be running
+        lines.append(f"workers and jobs: not known (min {s.min_workers}, max {s.max_workers} workers)")
+    lines.append(f"operation in progress: {s.operation or 'none'}")
     return "\n".join(lines)
 
 

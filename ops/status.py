@@ -128,10 +128,14 @@ def cluster_status(ctx: Context, cluster: Cluster) -> StatusReport:
     if reach == Reach.REFUSED:
         note = api.token_refused(code or 401).reason
     if up:
-        counted = count_workers(api.nodes())
-        workers.update(counted.alive)
-        dead = len(counted.deaths)
-        jobs = active_jobs(api)
+        try:
+            counted = count_workers(api.nodes())
+            jobs = active_jobs(api)
+        except OpsError as e:  # it answered, then did not: what it holds is not known, not none
+            up, note, jobs = False, e.reason, []
+        else:
+            workers.update(counted.alive)
+            dead = len(counted.deaths)
     held = current_lock(ctx.store, cluster.name)
     return StatusReport(
         cluster=cluster.name,

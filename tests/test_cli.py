@@ -214,6 +214,8 @@ def test_status_shows_the_phase_of_the_lock(ops_env: Env, own_store: OwnStore) -
     r = ops_env.ops("status", "--cluster", "us-east1", extra_env=env)
     assert r.code == 0, r
     assert "restart op-1 by alice" in r.out and "waiting for consent in chat since" in r.out
+    # Its head is not reached from here: what it runs is not known, never "0 jobs".
+    assert "workers and jobs: not known" in r.out and "0 running" not in r.out
     lease.set_phase("executing")
     r = ops_env.ops("status", "--cluster", "us-east1", extra_env=env)
     assert "running on" in r.out and "waiting for consent" not in r.out
