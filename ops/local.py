@@ -30,10 +30,14 @@ def restart_bringing_back(ctx: Context, cluster: Cluster) -> str | None:
     """What holds the cluster's lock, when it is a restart that has begun (its record exists): the
     cluster may be down because of it, and it starts the cluster itself. None otherwise (a restart
     only announced has stopped nothing)."""
-    from ops.restart import find_record
+    from ops.restart import RESTARTING_KINDS, find_record
 
     held = current_lock(ctx.store, cluster.name)
-    if held is None or held.kind != "restart" or find_record(ctx.store, cluster.name, held.op_id) is None:
+    if (
+        held is None
+        or held.kind not in RESTARTING_KINDS  # a token rotation is a restart too
+        or find_record(ctx.store, cluster.name, held.op_id) is None
+    ):
         return None
     return held.describe()
 

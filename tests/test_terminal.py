@@ -43,7 +43,7 @@ from ops.context import Context
 from ops.jobs import active_jobs
 from ops.locks import current_lock
 from ops.ray_api import RayApi
-from ops.registry import Cluster, load_registry
+from ops.registry import DEFAULT_REGISTRY, Cluster, load_registry
 from ops.restart import Settings as RestartSettings
 from ops.restart import start_restart
 from ops.store import LocalStore, read_model
@@ -205,6 +205,28 @@ def test_a_local_cluster_a_restart_stopped_is_left_to_it_then_booted_by_ops_loca
         ctx.driver(down).stop()
         ctx.close()
     assert not ctx.driver(down).is_up()
+
+
+def test_a_token_rotation_that_began_is_left_to_bring_the_local_cluster_back(tmp_path: Path) -> None:
+    """A rotation is a restart too (it stops the head and starts it with the new token): booting the
+    cluster under it would race it, as under a restart."""
+    from ops.local import restart_bringing_back
+    from ops.locks import acquire
+    from ops.restart import RestartRecord, _record_key
+    from ops.store import dump
+
+    store = LocalStore(tmp_path / "store")
+    ctx = Context(store, load_registry(DEFAULT_REGISTRY))
+    cluster = ctx.cluster("local")
+    lease = acquire(store, "local", "local-rot-1", "rotate-token", "frank", lease_s=60)
+    try:
+        assert restart_bringing_back(ctx, cluster) is None  # only announced: nothing stopped yet
+        record = RestartRecord(op_id="local-rot-1", cluster="local", requested_by="frank",
+                               preserve_jobs=True, created_at=datetime.now(UTC))  # fmt: skip
+        store.put(_record_key("local", "local-rot-1"), dump(record))
+        assert restart_bringing_back(ctx, cluster) == current_lock(store, "local").describe()
+    finally:
+        lease.release()
 
 
 def readme_tour() -> str:
