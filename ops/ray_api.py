@@ -286,16 +286,13 @@ class RayApi:
             pass
 
     # -- what only the GCS has ----------------------------------------------------------------------
-    def snapshot(self, via_job: bool | None = None) -> dict[str, Any] | None:
+    def snapshot(self, via_job: bool | None = None) -> dict[str, Any]:
         """JobInfo of every job (entrypoint resources) and the bytes of the `gcs://` packages that
         unfinished jobs use: from the GCS port when this machine reaches it, else through a job on
-        the cluster (ops/gcs_reader.py). None when neither works."""
+        the cluster (ops/gcs_reader.py). OpsError when it cannot be read."""
         if via_job is None:
             via_job = self.cluster.gcs_address is None
-        try:
-            got = read_via_job(self) if via_job else read_gcs(self.cluster.gcs_address or "", self._token)
-        except OpsError:
-            return None
+        got = read_via_job(self) if via_job else read_gcs(self.cluster.gcs_address or "", self._token)
         got["packages"] = {u: None if b is None else base64.b64decode(b) for u, b in got["packages"].items()}
         return got
 

@@ -406,10 +406,31 @@ class RestartRun:
     def _head(self) -> Head:
         return read_head(self.api, self.driver, self.settings, self.record.force_unbacked, self.progress)
 
+    def _gcs_snapshot(self) -> dict[str, Any]:
+        """What only the cluster's GCS holds: the jobs' entrypoint resources and working_dir packages.
+        A job backed up without them comes back on the wrong resources, or not at all (its package dies
+        with the cluster): nothing is stopped without them, unless an admin forced going on unbacked."""
+        try:
+            _fault_point("snapshot")
+            return self.api.snapshot()
+        except OpsError as e:
+            what = f"the jobs' resources and packages could not be read from the {self.cluster.name} GCS"
+            if not self.record.force_unbacked:
+                first = self.record.step == Step.PLANNED
+                raise Refused(
+                    f"{what}: {e.reason}",
+                    "nothing was stopped; try again (an admin may force a restart without backup: "
+                    "--force-unbacked)"
+                    if first
+                    else f"`python -m ops restart --cluster {self.cluster.name} --resume` tries again",
+                ) from None
+            self.progress(f"{what}: going on without them (forced by an admin)")
+            return {"infos": None, "packages": {}, "too_large": []}
+
     def _backup_jobs(self, jobs: list[Any]) -> tuple[list[str], list[str]]:
         """Write each job (and its packages) to the store: (ids written, what could not be kept)."""
         scope = self.record.scope
-        snap = self.api.snapshot() or {"infos": None, "packages": {}, "too_large": []}
+        snap = self._gcs_snapshot()
         written, notes = [], []
         for d in jobs:
             owner, source = owner_of(d.submission_id, d.metadata)

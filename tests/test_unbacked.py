@@ -199,6 +199,21 @@ def gcp_cluster() -> Cluster:
     )
 
 
+def test_jobs_whose_resources_and_packages_cannot_be_read_are_not_stopped(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    """alice's working_dir package and carol's TPU request live only in the cluster's GCS: when it
+    cannot be read, the restart refuses before stopping anything, rather than back up jobs that would
+    come back without their code or on the wrong resources."""
+    ids = stage_jobs(cluster, tmp_path)
+    r = ops_env.ops("restart", "--cluster", "local", "--as", "alice", "--yes",
+                    extra_env={"CLUSTERBOT_FAULT": "fail:snapshot"})  # fmt: skip
+    assert r.code == 3, r
+    assert "could not be read from the local GCS" in r.err and "nothing was stopped" in r.err
+    assert set(ids.values()) <= _active(cluster)
+    assert current_lock(open_store(), "local") is None  # given back
+
+
 def test_a_gcp_head_that_exists_but_does_not_answer_is_never_taken_down(
     gcp_cluster: Cluster, tmp_path: Path
 ) -> None:
