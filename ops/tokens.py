@@ -112,12 +112,17 @@ def ensure_pin(ctx: Context, cluster: Cluster) -> TokenPin:
     if pin is not None:
         return pin
     api = ctx.secrets(cluster)
-    latest = api.version(secret, "latest")
-    if latest is not None:
-        return write_pin(ctx.store, cluster, latest.version, "adopted")
+    # The newest enabled version (`latest` may name a disabled one: a rotation's old token, a test's
+    # wrong one); for a local head running a token, the enabled version that holds it.
+    enabled = [v.version for v in api.versions(secret) if v.state == "ENABLED"]
+    running = _running_token(ctx, cluster) if cluster.driver == "local" and enabled else None
+    held = [v for v in enabled if running and api.access(secret, v).get_secret_value() == running.encode()]
+    if held or enabled:
+        return write_pin(ctx.store, cluster, (held or enabled)[0], "adopted")
     if cluster.driver != "local":
         raise OpsError(
-            f"secret {secret} of project {cluster.project} has no version: {cluster.name} has no Ray token",
+            f"secret {secret} of project {cluster.project} has no enabled version: {cluster.name} has no "
+            "Ray token",
             "create it once as the runbook says (`ray get-auth-token --generate`, then add it as a version)",
         )
     api.create(secret, labels={"clusterbot": "ray-token"})

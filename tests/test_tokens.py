@@ -14,6 +14,7 @@ import pytest
 from bot.adapters.recorder import ManualClock, Recorder
 from bot.protocol.model import State
 from ops.context import Context
+from ops.errors import OpsError
 from ops.locks import current_lock
 from ops.ray_api import RayApi, Reach
 from ops.registry import Cluster, clusterbot_home, load_registry
@@ -196,6 +197,33 @@ async def test_rotate_token_in_chat_asks_bob_and_reports_the_new_version(
     every = "\n".join(m.text for _, _, m in chat.log)
     check_never_shown(ops_env, cluster, old[1], new[1], texts=every)
     await asyncio.sleep(0)
+
+
+def test_a_store_without_a_pin_adopts_the_newest_enabled_version_not_a_disabled_one(tmp_path: Path) -> None:
+    """A second store (another machine's bot, a fresh terminal) meets a secret whose newest version was
+    disabled (a rotation's old token, a wrong one): `latest` names it, and it cannot be read."""
+    from ops.registry import DEFAULT_REGISTRY
+    from ops.sim.server import SimServer
+    from ops.store import LocalStore
+    from ops.tokens import ensure_pin
+
+    registry = load_registry(DEFAULT_REGISTRY)
+    central = registry.get("us-central2")
+    with SimServer(secrets={"hai-gcp-models": {"RAY_AUTH_TOKEN": "tok-v1"}}) as sim:
+        ctx = Context(LocalStore(tmp_path / "store"), registry, cloud_endpoint=lambda _: sim.address)
+        try:
+            api = ctx.secrets(central)
+            wrong = api.add_version("RAY_AUTH_TOKEN", "tok-wrong").version
+            api.disable("RAY_AUTH_TOKEN", wrong)
+            assert api.version("RAY_AUTH_TOKEN", "latest").version == wrong
+            assert ensure_pin(ctx, central).version == "1" and ctx.token(central) == "tok-v1"
+            api.disable("RAY_AUTH_TOKEN", "1")
+            fresh = Context(LocalStore(tmp_path / "store2"), registry, cloud_endpoint=lambda _: sim.address)
+            with pytest.raises(OpsError, match="has no enabled version"):
+                ensure_pin(fresh, central)
+            fresh.close()
+        finally:
+            ctx.close()
 
 
 # -- GCP clusters: the pin reaches `ray up`, and a version no cluster pins is the only one disabled --------

@@ -471,7 +471,8 @@ def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_on_resume(
         if line.startswith("resubmitted"):
             flag.unlink()  # on the new head, dan's job finds its input gone and exits 1
 
-    run = start_restart(Context(store), cluster, "dan", True, Settings(settle_s=5), progress)
+    # settle_s: long enough to see dan's job fail even when it is slow to start (a loaded machine)
+    run = start_restart(Context(store), cluster, "dan", True, Settings(settle_s=20), progress)
     with pytest.raises(OpsError, match="did not keep running"):
         run.run()
     record = find_record(store, "local", run.record.op_id)
@@ -502,7 +503,8 @@ def test_a_resubmission_whose_answer_was_lost_is_not_made_again_on_resume(
         if line.startswith("resubmitted"):
             flag.unlink()  # attempt 1 exits 1 on the new head
 
-    run = start_restart(Context(store), cluster, "dan", True, Settings(settle_s=5), progress)
+    # settle_s: long enough to see dan's job fail even when it is slow to start (a loaded machine)
+    run = start_restart(Context(store), cluster, "dan", True, Settings(settle_s=20), progress)
     with pytest.raises(OpsError, match="did not keep running"):
         run.run()
     flag.write_text("")
