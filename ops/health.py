@@ -380,7 +380,7 @@ def _wanting(snap: Snapshot) -> list[str]:
 
 
 # -- history --------------------------------------------------------------------------------------------
-def _key(cluster_name: str) -> str:
+def history_key(cluster_name: str) -> str:
     return f"health/{cluster_name}.json"
 
 
@@ -393,7 +393,7 @@ def _points(data: bytes) -> list[Point]:
 
 def history(ctx: Context, cluster_name: str, since: datetime) -> list[Point]:
     """The recorded checks of a cluster since `since`, oldest first."""
-    got = ctx.store.read(_key(cluster_name))
+    got = ctx.store.read(history_key(cluster_name))
     points = _points(got.data) if got is not None else []
     return sorted((p for p in points if p.at >= since), key=lambda p: p.at)
 
@@ -401,7 +401,7 @@ def history(ctx: Context, cluster_name: str, since: datetime) -> list[Point]:
 def record(ctx: Context, cluster_name: str, point: Point) -> None:
     """Add a point, dropping those older than `KEEP` before it; compare-and-set, so the bot's checks and
     the CLI's never lose each other's."""
-    key = _key(cluster_name)
+    key = history_key(cluster_name)
     for _ in range(WRITE_TRIES):
         got = ctx.store.read(key)
         points = [

@@ -26,7 +26,7 @@ from ops.registry import Cluster
 from ops.sim.control import SimControl
 from ops.workers import Settings as WorkerSettings
 from tests.localray import wait_for
-from tests.test_health import autoscaled, ctx, no_dead_workers, stock_out, tpu_workers  # noqa: F401 - the same fixtures
+from tests.test_health import autoscaled, ctx, fresh_history, stock_out, tpu_workers  # noqa: F401 - the same fixtures
 
 FAIL_TIMEOUT_S = 120
 JOIN_TIMEOUT_S = 180
@@ -59,7 +59,7 @@ def alert_posts(chat: Recorder, problem: str) -> list[str]:
 
 @pytest.mark.timeout(600)
 async def test_stuck_on_a_stock_out_is_told_once_resolves_and_a_preempted_vm_is_cleaned_from_its_button(
-    no_dead_workers: None,  # noqa: F811 - first: ctx then reaches the new head's simulator
+    fresh_history: None,  # noqa: F811 - first: ctx then reaches the new head's simulator
     ctx: Context,  # noqa: F811
     cluster: Cluster,
     stock_out: SimControl,  # noqa: F811

@@ -18,7 +18,7 @@ import pytest
 
 from ops.context import Context
 from ops.drivers.local import LocalDriver
-from ops.health import KEEP, Point, Snapshot, Verdict, check, check_all, history, judge, record
+from ops.health import KEEP, Point, Snapshot, Verdict, check, check_all, history, history_key, judge, record
 from ops.ray_api import RayApi
 from ops.registry import Cluster, HealthThresholds, Registry, TokenSource, load_registry
 from ops.render import render_health, render_summary
@@ -237,10 +237,14 @@ def ctx(cluster: Cluster) -> Iterator[Context]:
 
 
 @pytest.fixture
-def no_dead_workers(cluster: Cluster) -> None:
-    """The session's head with no dead worker in Ray's node history: a test that judges churn or stuck
-    must not inherit an earlier test's preempted VMs (xdist runs files in any order); a new head forgets
-    them. Ask for it before `ctx`, whose clients would reach the old head's simulator."""
+def fresh_history(cluster: Cluster) -> None:
+    """No history for a test that judges churn or stuck on its own clock: no health point in the
+    session's store (an earlier test's points, on a clock of its own, would interleave with this one's)
+    and no dead worker in Ray's node history (a new head forgets an earlier test's preempted VMs). xdist
+    runs files in any order. Ask for it before `ctx`, whose clients would reach the old simulator."""
+    from ops.store import open_store
+
+    open_store().delete(history_key(cluster.name))
     if any(n.get("state") == "DEAD" and not n.get("is_head_node") for n in RayApi(cluster).nodes()):
         driver = LocalDriver(cluster)
         driver.stop()
@@ -271,7 +275,7 @@ def stock_out(ctx: Context, cluster: Cluster) -> Iterator[SimControl]:
 
 
 def test_launches_failing_on_a_stock_out_are_stuck_after_the_threshold_then_recover_and_a_preemption_is_named(
-    no_dead_workers: None, ctx: Context, cluster: Cluster, stock_out: SimControl
+    fresh_history: None, ctx: Context, cluster: Cluster, stock_out: SimControl
 ) -> None:
     api = RayApi(cluster)
     sid = api.submit(entrypoint="true", submission_id=f"health-test-{time.time_ns()}",
