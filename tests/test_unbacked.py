@@ -27,6 +27,7 @@ from ops.locks import current_lock
 from ops.ray_api import RayApi
 from ops.registry import DEFAULT_REGISTRY, Cluster, SshKeySource, load_registry
 from ops.restart import (
+    RestartRun,
     Settings,
     Step,
     _record_key,
@@ -37,7 +38,7 @@ from ops.restart import (
     start_restart,
 )
 from ops.sim.server import SimServer
-from ops.store import LocalStore, dump, open_store
+from ops.store import LocalStore, Store, dump, open_store
 from tests.localray import Env, cont, dashboard_process, wait_for
 from tests.test_restart import check_survived, stage_jobs
 
@@ -457,9 +458,9 @@ def test_a_resubmission_that_fails_keeps_the_restart_unfinished(
     check_survived(cluster, ids)
 
 
-def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_on_resume(
-    ops_env: Env, cluster: Cluster, tmp_path: Path
-) -> None:
+def _a_restart_where_dans_job_fails(cluster: Cluster, tmp_path: Path) -> tuple[Store, str, RestartRun]:
+    """dan's job needs an input file that is gone when it comes back on the new head: its resubmission
+    exits 1, and the restart is left unfinished at CLUSTER_STARTED. The input is back afterwards."""
     flag = tmp_path / "input-ready"
     flag.write_text("")
     api = RayApi(cluster)
@@ -475,10 +476,17 @@ def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_on_resume(
     run = start_restart(Context(store), cluster, "dan", True, Settings(settle_s=20), progress)
     with pytest.raises(OpsError, match="did not keep running"):
         run.run()
+    flag.write_text("")
+    return store, sid, run
+
+
+def test_a_job_that_fails_on_the_new_head_is_resubmitted_again_on_resume(
+    ops_env: Env, cluster: Cluster, tmp_path: Path
+) -> None:
+    store, sid, run = _a_restart_where_dans_job_fails(cluster, tmp_path)
     record = find_record(store, "local", run.record.op_id)
     assert record.step == Step.CLUSTER_STARTED and record.resubmitted[sid].status == "failed"
 
-    flag.write_text("")
     result = resume_restart(Context(store), cluster, "dan", Settings(settle_s=3)).run()
 
     assert result.step == Step.DONE
@@ -492,22 +500,7 @@ def test_a_resubmission_whose_answer_was_lost_is_not_made_again_on_resume(
 ) -> None:
     """dan's second attempt went through but its answer was lost (the record says failed): the resume
     finds that attempt running and takes it, rather than a third copy of his job beside it."""
-    flag = tmp_path / "input-ready"
-    flag.write_text("")
-    api = RayApi(cluster)
-    sid = api.submit(entrypoint=f"sh -c 'sleep 2; test -f {flag} && sleep 900'", metadata={"user": "dan"})
-    wait_for(lambda: api.status(sid) == "RUNNING", 60, "dan's job to run")
-    store = open_store()
-
-    def progress(line: str) -> None:
-        if line.startswith("resubmitted"):
-            flag.unlink()  # attempt 1 exits 1 on the new head
-
-    # settle_s: long enough to see dan's job fail even when it is slow to start (a loaded machine)
-    run = start_restart(Context(store), cluster, "dan", True, Settings(settle_s=20), progress)
-    with pytest.raises(OpsError, match="did not keep running"):
-        run.run()
-    flag.write_text("")
+    store, sid, run = _a_restart_where_dans_job_fails(cluster, tmp_path)
     record, version = load_record(store, "local", run.record.op_id)
     # Attempt 2 as a resume submitted it, the answer lost on the way back: failed, says the record.
     backup = BackedUpJob.model_validate_json(store.read(f"{record.scope}/jobs/{sid}.json").data)
