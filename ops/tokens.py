@@ -7,9 +7,11 @@ then could not join their old heads. A cluster now runs with the version recorde
 `tokens/<cluster>.json`; the bot and the CLI read the token there (`Context.token`), a rotation moves
 one cluster's pin and disables a version only when no cluster pins it any more.
 
-A cluster without a pin gets one the first time it is needed: the local cluster's secret is seeded
-(from the token its running head uses, else this machine's token file, so a running head keeps working),
-a GCP cluster's pin adopts the version `latest` names now (what its nodes fetched until pins existed).
+A cluster without a pin gets one the first time it is needed: it adopts the newest enabled version
+(`latest`, what a GCP cluster's nodes fetched until pins existed, unless that one was disabled), or for
+a local head the enabled version holding the token it runs with; a local secret with no enabled version
+is seeded (from the token its running head uses, else this machine's token file, so a running head
+keeps working).
 
 The rotation is a restart (ops/restart.py) whose record carries a `TokenRotation`: the backup reads
 with the old token, the pin moves to the new version once the old head is stopped, the new head starts
